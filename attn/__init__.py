@@ -1,0 +1,1 @@
+"""attn: self-attention for sentiment classification as pure, jit/vmap-able JAX functions."""
