@@ -1,0 +1,159 @@
+"""Score (similarity) functions: how strongly query q_i matches key k_j.
+
+Every score is a pure ``fn(params, q_LxD, k_MxD) -> s_LxM`` (``params`` is None for the
+parameter-free ones) plus an ``init(key, d, *, hidden=None, dtype=float32) -> params``.
+``get_score`` resolves a name or a user callable to a ``Score`` once, at the API boundary.
+
+Scores are accumulated in at least float32 (bfloat16 inputs give float32 scores) because the
+softmax that follows is sensitive to rounding in its inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+Params = Any
+ScoreFn = Callable[[Params, jax.Array, jax.Array], jax.Array]
+InitFn = Callable[..., Params]
+
+# The score a masked key gets: far below any real score yet finite (unlike -inf), so that
+# exp(MASKED - max) underflows to exactly 0 and a fully masked row stays NaN-free.
+MASKED = -1e30
+
+
+class Score(NamedTuple):
+    """A resolved score function. ``init`` returns None for parameter-free scores."""
+
+    name: str
+    fn: ScoreFn
+    init: InitFn
+    has_params: bool
+
+
+def _acc_dtype(*xs: Any) -> jnp.dtype:
+    """At least float32, float64 when the inputs are (so x64 gradient checks stay exact)."""
+    return jnp.result_type(*xs, jnp.float32)
+
+
+def _no_params(key: jax.Array, d: int, *, hidden: int | None = None, dtype: Any = None) -> None:
+    del key, d, hidden, dtype
+    return None
+
+
+def dot(params: None, q_LxD: jax.Array, k_MxD: jax.Array) -> jax.Array:
+    """s_ij = q_i . k_j"""
+    del params
+    f = _acc_dtype(q_LxD, k_MxD)
+    return jnp.einsum("ld,md->lm", q_LxD, k_MxD, preferred_element_type=f)
+
+
+def scaled_dot(params: None, q_LxD: jax.Array, k_MxD: jax.Array) -> jax.Array:
+    """s_ij = q_i . k_j / sqrt(d): removes the growth of the dot product with d."""
+    return dot(params, q_LxD, k_MxD) / math.sqrt(q_LxD.shape[-1])
+
+
+def general(params: dict[str, jax.Array], q_LxD: jax.Array, k_MxD: jax.Array) -> jax.Array:
+    """Bilinear (Luong "general"): s_ij = q_i W k_jᵀ with params {"w_DxD"}."""
+    f = _acc_dtype(q_LxD, k_MxD, params["w_DxD"])
+    qw_LxD = jnp.einsum("ld,de->le", q_LxD, params["w_DxD"], preferred_element_type=f)
+    return jnp.einsum("le,me->lm", qw_LxD, k_MxD, preferred_element_type=f)
+
+
+def init_general(
+    key: jax.Array, d: int, *, hidden: int | None = None, dtype: Any = jnp.float32
+) -> dict[str, jax.Array]:
+    """W ~ N(0, 1/d) so q W kᵀ has the same scale as q . k / sqrt(d)."""
+    del hidden
+    return {"w_DxD": jax.random.normal(key, (d, d), dtype) / math.sqrt(d)}
+
+
+def additive(params: dict[str, jax.Array], q_LxD: jax.Array, k_MxD: jax.Array) -> jax.Array:
+    """Concat / Bahdanau: s_ij = vᵀ tanh(W [q_i; k_j] + b).
+
+    W [q; k] = W_q q + W_k k, so each side is projected once ([L, H] and [M, H]) and only the
+    broadcast sum [L, M, H] is formed, never the [L, M, 2D] concatenation.
+    """
+    f = _acc_dtype(q_LxD, k_MxD, params["wq_DxH"])
+    hq_LxH = jnp.einsum("ld,dh->lh", q_LxD, params["wq_DxH"], preferred_element_type=f)
+    hk_MxH = jnp.einsum("md,dh->mh", k_MxD, params["wk_DxH"], preferred_element_type=f)
+    h_LxMxH = jnp.tanh(hq_LxH[:, None, :] + hk_MxH[None, :, :] + params["b_H"])
+    return jnp.einsum("lmh,h->lm", h_LxMxH, params["v_H"].astype(f))
+
+
+def init_additive(
+    key: jax.Array, d: int, *, hidden: int | None = None, dtype: Any = jnp.float32
+) -> dict[str, jax.Array]:
+    """hidden defaults to d. Fan-in scaled normals keep tanh out of saturation at init."""
+    h = d if hidden is None else hidden
+    kq, kk, kv = jax.random.split(key, 3)
+    return {
+        "wq_DxH": jax.random.normal(kq, (d, h), dtype) / math.sqrt(2 * d),
+        "wk_DxH": jax.random.normal(kk, (d, h), dtype) / math.sqrt(2 * d),
+        "b_H": jnp.zeros((h,), dtype),
+        "v_H": jax.random.normal(kv, (h,), dtype) / math.sqrt(h),
+    }
+
+
+def mlp(params: dict[str, jax.Array], q_LxD: jax.Array, k_MxD: jax.Array) -> jax.Array:
+    """Perceptron on [q_i; k_j; q_i * k_j]: s_ij = w2ᵀ tanh(W1 [q; k; q*k] + b1).
+
+    W1 is stored as three [D, H] blocks so the q and k parts are projected once per side; only
+    the elementwise-product term needs the pair axis. No output bias: softmax ignores it.
+    """
+    f = _acc_dtype(q_LxD, k_MxD, params["wq_DxH"])
+    hq_LxH = jnp.einsum("ld,dh->lh", q_LxD, params["wq_DxH"], preferred_element_type=f)
+    hk_MxH = jnp.einsum("md,dh->mh", k_MxD, params["wk_DxH"], preferred_element_type=f)
+    # (q_i * k_j) W_p = sum_d k_jd (q_id W_p[d]): fold q into W_p first so the pair term is one
+    # matmul over an [L, D, H] tensor instead of forming the [L, M, D] products.
+    qwp_LxDxH = q_LxD[:, :, None].astype(f) * params["wp_DxH"].astype(f)
+    hp_LxMxH = jnp.einsum("ldh,md->lmh", qwp_LxDxH, k_MxD, preferred_element_type=f)
+    h_LxMxH = jnp.tanh(hq_LxH[:, None, :] + hk_MxH[None, :, :] + hp_LxMxH + params["b1_H"])
+    return jnp.einsum("lmh,h->lm", h_LxMxH, params["w2_H"].astype(f))
+
+
+def init_mlp(
+    key: jax.Array, d: int, *, hidden: int | None = None, dtype: Any = jnp.float32
+) -> dict[str, jax.Array]:
+    """hidden defaults to d."""
+    h = d if hidden is None else hidden
+    kq, kk, kp, k2 = jax.random.split(key, 4)
+    scale = 1.0 / math.sqrt(3 * d)
+    return {
+        "wq_DxH": jax.random.normal(kq, (d, h), dtype) * scale,
+        "wk_DxH": jax.random.normal(kk, (d, h), dtype) * scale,
+        "wp_DxH": jax.random.normal(kp, (d, h), dtype) * scale,
+        "b1_H": jnp.zeros((h,), dtype),
+        "w2_H": jax.random.normal(k2, (h,), dtype) / math.sqrt(h),
+    }
+
+
+SCORES: dict[str, Score] = {
+    "dot": Score("dot", dot, _no_params, False),
+    "scaled_dot": Score("scaled_dot", scaled_dot, _no_params, False),
+    "general": Score("general", general, init_general, True),
+    "additive": Score("additive", additive, init_additive, True),
+    "mlp": Score("mlp", mlp, init_mlp, True),
+}
+
+
+def get_score(score: str | ScoreFn | Score) -> Score:
+    """Resolve a score name, a ``Score``, or a callable ``fn(params, q_LxD, k_MxD) -> s_LxM``.
+
+    A bare callable gets an ``init`` returning None: the caller supplies its params.
+    """
+    if isinstance(score, Score):
+        return score
+    if isinstance(score, str):
+        if score not in SCORES:
+            raise ValueError(f"score must be one of {sorted(SCORES)} or a callable; got {score!r}")
+        return SCORES[score]
+    if callable(score):
+        return Score(getattr(score, "__name__", repr(score)), score, _no_params, False)
+    raise TypeError(
+        f"score must be a name in {sorted(SCORES)} or a callable; got {type(score).__name__}"
+    )
