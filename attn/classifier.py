@@ -1,0 +1,249 @@
+"""Self-attention sentence classifier: embed -> encoder blocks -> final LN -> pool -> linear head.
+
+Params tree (plain dicts, float32):
+    {"embed": {"tokens": [V, D], "ngrams": [N, D] if ngram_buckets, "positions": [P, D] if learned},
+     "layer_0" ... "layer_{n-1}": encoder params, "final_ln": layer norm,
+     "pool": {"w1": [D, d_a], "w2": [d_a, r]} if structured, "head": dense [D or r*D] -> C}
+"""
+
+import dataclasses
+import numbers
+
+import jax
+import jax.numpy as jnp
+
+from attn import encoder, layers, pooling, positions, scores
+
+PAD = 0
+POSITIONS = ("learned", "sinusoidal", "none")
+POOLINGS = ("cls", "mean", "max", "structured")
+IMPLEMENTATIONS = ("matrix", "chunked", "xla")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Model hyperparameters; frozen and hashable so it can be a jit static argument."""
+
+    vocab_size: int
+    num_classes: int = 2
+    d_model: int = 64
+    num_heads: int = 4
+    num_layers: int = 1
+    d_ff: int = 256
+    max_len: int = 256  # positions table size; longer input is a ValueError at trace time
+    positions: str = "learned"  # "learned" | "sinusoidal" | "none"
+    pooling: str = "mean"  # "cls" | "mean" | "max" | "structured"
+    pool_hops: int = 4  # r in Lin et al. 2017 (structured pooling)
+    pool_hidden: int = 64  # d_a in Lin et al. 2017
+    dropout: float = 0.1  # residual and pooled-vector dropout
+    embed_dropout: float = 0.1  # on the summed input embeddings
+    score: str = "scaled_dot"
+    implementation: str = "matrix"  # "matrix" | "chunked" | "xla"
+    q_chunk: int = 128
+    k_chunk: int = 128
+    ngram_buckets: int = 0  # >0 adds hashed n-gram embeddings of the token ids (fastText-style)
+    ngram_orders: tuple[int, ...] = (2, 3)
+    dtype: str = "float32"  # compute dtype: "float32" | "bfloat16"; params stay float32
+
+    def __post_init__(self):
+        def integer(name: str, lo: int) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
+                raise ValueError(f"ModelConfig.{name} must be an integer >= {lo}; got {v!r}")
+            object.__setattr__(self, name, int(v))  # numpy ints -> int keeps hashing uniform
+
+        def choice(name: str, options) -> None:
+            v = getattr(self, name)
+            if not isinstance(v, str) or v not in options:
+                raise ValueError(f"ModelConfig.{name} must be one of {sorted(options)}; got {v!r}")
+
+        def rate(name: str) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0.0 <= v < 1.0:
+                raise ValueError(f"ModelConfig.{name} must be a float in [0, 1); got {v!r}")
+            object.__setattr__(self, name, float(v))
+
+        # PAD, UNK and CLS take ids 0-2, so a usable vocabulary has at least one more id.
+        integer("vocab_size", 4)
+        integer("num_classes", 2)
+        integer("d_model", 1)
+        integer("num_heads", 1)
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"ModelConfig.d_model={self.d_model} must be divisible by "
+                f"ModelConfig.num_heads={self.num_heads}"
+            )
+        integer("num_layers", 0)
+        integer("d_ff", 1)
+        integer("max_len", 1)
+        choice("positions", POSITIONS)
+        choice("pooling", POOLINGS)
+        integer("pool_hops", 1)
+        integer("pool_hidden", 1)
+        rate("dropout")
+        rate("embed_dropout")
+        choice("score", scores.SCORES)
+        choice("implementation", IMPLEMENTATIONS)
+        integer("q_chunk", 1)
+        integer("k_chunk", 1)
+        integer("ngram_buckets", 0)
+        orders = self.ngram_orders
+        if (
+            isinstance(orders, str | bytes)
+            or not hasattr(orders, "__iter__")
+            or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in orders)
+            or any(n < 1 for n in orders)
+            or (self.ngram_buckets > 0 and len(orders) == 0)
+        ):
+            raise ValueError(
+                "ModelConfig.ngram_orders must be a non-empty tuple of integers >= 1; "
+                f"got {orders!r}"
+            )
+        object.__setattr__(self, "ngram_orders", tuple(int(n) for n in orders))
+        choice("dtype", DTYPES)
+
+    @property
+    def pooled_dim(self) -> int:
+        return self.d_model * (self.pool_hops if self.pooling == "structured" else 1)
+
+
+def init(key: jax.Array, cfg: ModelConfig) -> dict:
+    """Random float32 params for `apply` (layout in the module docstring)."""
+    k_tok, k_ngram, k_pos, k_layers, k_pool, k_head = jax.random.split(key, 6)
+    embed = {"tokens": layers.embed_init(k_tok, cfg.vocab_size, cfg.d_model)}
+    if cfg.ngram_buckets:
+        embed["ngrams"] = layers.embed_init(k_ngram, cfg.ngram_buckets, cfg.d_model)
+    if cfg.positions == "learned":
+        embed["positions"] = positions.learned_init(k_pos, cfg.max_len, cfg.d_model)
+    params = {"embed": embed}
+    for i, k in enumerate(jax.random.split(k_layers, cfg.num_layers)):
+        params[f"layer_{i}"] = encoder.init(
+            k, cfg.d_model, cfg.num_heads, cfg.d_ff, score=cfg.score
+        )
+    params["final_ln"] = layers.layer_norm_init(cfg.d_model)
+    if cfg.pooling == "structured":
+        params["pool"] = pooling.structured_init(
+            k_pool, cfg.d_model, cfg.pool_hidden, cfg.pool_hops
+        )
+    params["head"] = layers.dense_init(k_head, cfg.pooled_dim, cfg.num_classes)
+    return params
+
+
+def _fmix32(h: jax.Array) -> jax.Array:
+    """MurmurHash3 finaliser: spreads every input bit over the low bits the modulo keeps."""
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def ngram_buckets(tokens_BxL: jax.Array, orders: tuple[int, ...], buckets: int) -> jax.Array:
+    """Bucket ids [len(orders), B, L] of the n-gram of token ids ending at each position.
+
+    Ids before the sequence start count as PAD. FNV-1a over whole ids (uint32 wrap-around), seeded
+    with the order so a bigram and a trigram of the same ids land in different buckets.
+    """
+    t_BxL = tokens_BxL.astype(jnp.uint32)
+    out = []
+    for n in orders:
+        h_BxL = jnp.full(t_BxL.shape, 2166136261 ^ n, jnp.uint32)
+        for back in range(n - 1, -1, -1):  # oldest token first
+            prev_BxL = jnp.pad(t_BxL, ((0, 0), (back, 0)))[:, : t_BxL.shape[1]]
+            h_BxL = (h_BxL ^ prev_BxL) * jnp.uint32(16777619)
+        out.append(_fmix32(h_BxL) % jnp.uint32(buckets))
+    return jnp.stack(out).astype(jnp.int32)
+
+
+def embed(params: dict, tokens_BxL: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """Token (+ hashed n-gram) (+ position) embeddings -> [B, L, D] float32; no n-grams on pads."""
+    length = tokens_BxL.shape[1]
+    x_BxLxD = params["embed"]["tokens"][tokens_BxL]
+    if cfg.ngram_buckets:
+        ids_NxBxL = ngram_buckets(tokens_BxL, cfg.ngram_orders, cfg.ngram_buckets)
+        g_BxLxD = params["embed"]["ngrams"][ids_NxBxL].sum(0)
+        x_BxLxD = x_BxLxD + jnp.where((tokens_BxL != PAD)[..., None], g_BxLxD, 0.0)
+    if cfg.positions == "learned":
+        x_BxLxD = x_BxLxD + positions.learned(params["embed"]["positions"], length)
+    elif cfg.positions == "sinusoidal":
+        x_BxLxD = x_BxLxD + positions.sinusoidal(length, cfg.d_model)
+    return x_BxLxD
+
+
+_SIMPLE_POOLS = {"cls": pooling.cls_pool, "mean": pooling.mean_pool, "max": pooling.max_pool}
+
+
+def apply(
+    params: dict,
+    tokens_BxL: jax.Array,
+    cfg: ModelConfig,
+    *,
+    train: bool = False,
+    rng: jax.Array | None = None,
+) -> tuple[jax.Array, dict]:
+    """Classify int token ids [B, L] (0 = PAD) -> (logits [B, C] float32, aux).
+
+    aux = {"attention": tuple of per-layer [B, H, L, L] float32, or None when the implementation
+    does not materialise weights ("chunked", "xla"); "pool_weights": [B, r, L] or None;
+    "penalty": float32 scalar ‖AAᵀ − I‖²_F averaged over non-empty sequences (0 unless structured)}.
+    """
+    if tokens_BxL.ndim != 2 or not jnp.issubdtype(tokens_BxL.dtype, jnp.integer):
+        raise ValueError(
+            f"tokens must be an integer array [batch, length]; got {tokens_BxL.dtype}"
+            f"{list(tokens_BxL.shape)}"
+        )
+    if train and rng is None:
+        raise ValueError("classifier.apply: train=True needs an rng key for dropout; got rng=None")
+    batch = tokens_BxL.shape[0]
+    dtype = DTYPES[cfg.dtype]
+    mask_BxL = tokens_BxL != PAD
+    r_embed, r_layers, r_pool = jax.random.split(rng, 3) if train else (None, None, None)
+
+    x_BxLxD = embed(params, tokens_BxL, cfg).astype(dtype)
+    x_BxLxD = layers.dropout(x_BxLxD, cfg.embed_dropout, train=train, rng=r_embed)
+
+    def block(p, x_LxD, mask_L, r):
+        return encoder.apply(
+            p,
+            x_LxD,
+            mask_L,
+            num_heads=cfg.num_heads,
+            score=cfg.score,
+            implementation=cfg.implementation,
+            q_chunk=cfg.q_chunk,
+            k_chunk=cfg.k_chunk,
+            dropout=cfg.dropout,
+            train=train,
+            rng=r,
+        )
+
+    weights = []
+    layer_rngs = jax.random.split(r_layers, cfg.num_layers) if train else [None] * cfg.num_layers
+    for i in range(cfg.num_layers):
+        # One dropout key per example so examples get independent masks under vmap.
+        r_B = jax.random.split(layer_rngs[i], batch) if train else None
+        x_BxLxD, w_BxHxLxL = jax.vmap(block, in_axes=(None, 0, 0, 0 if train else None))(
+            params[f"layer_{i}"], x_BxLxD, mask_BxL, r_B
+        )
+        weights.append(w_BxHxLxL)
+
+    h_BxLxD = layers.layer_norm(params["final_ln"], x_BxLxD)
+    if cfg.pooling == "structured":
+        structured = jax.vmap(pooling.structured, in_axes=(None, 0, 0))
+        pooled_BxP, a_BxRxL, pen_B = structured(params["pool"], h_BxLxD, mask_BxL)
+    else:
+        pooled_BxP = jax.vmap(_SIMPLE_POOLS[cfg.pooling])(h_BxLxD, mask_BxL)
+        a_BxRxL, pen_B = None, jnp.zeros((batch,), jnp.float32)
+    pooled_BxP = layers.dropout(pooled_BxP, cfg.dropout, train=train, rng=r_pool)
+    logits_BxC = layers.dense(params["head"], pooled_BxP.astype(jnp.float32))
+
+    nonempty_B = mask_BxL.any(-1).astype(jnp.float32)
+    penalty = (pen_B * nonempty_B).sum() / jnp.maximum(nonempty_B.sum(), 1.0)
+    no_weights = any(w is None for w in weights)
+    aux = {
+        "attention": None if no_weights else tuple(weights),
+        "pool_weights": a_BxRxL,
+        "penalty": penalty,
+    }
+    return logits_BxC, aux
