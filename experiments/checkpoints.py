@@ -1,0 +1,65 @@
+"""Orbax checkpoints of the train state, plus the JSON metadata that says which model they hold.
+
+Layout of a workdir:
+  checkpoints/<step>/{state,meta}   the last `keep` train states (params, optimizer, step, rng)
+  best/<step>/{state,meta}          the train state with the best validation accuracy so far
+  vocab.txt, tokenizer.json         the tokenizer the checkpoints were trained with
+Orbax writes each step into a temporary directory and renames it when complete, so a killed
+save leaves nothing that `latest_step` would pick.
+"""
+
+import dataclasses
+import os
+from typing import Any
+
+import orbax.checkpoint as ocp
+
+from experiments.errors import UserError
+
+LAST, BEST = "checkpoints", "best"
+
+
+def manager(workdir: str, which: str, keep: int) -> ocp.CheckpointManager:
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep, create=True, enable_async_checkpointing=False
+    )
+    path = os.path.join(os.path.abspath(workdir), which)
+    return ocp.CheckpointManager(path, item_names=("state", "meta"), options=options)
+
+
+def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict) -> None:
+    args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
+    mngr.save(step, args=args, force=True)
+
+
+def read_meta(mngr: ocp.CheckpointManager, step: int) -> dict:
+    return mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
+
+def restore(mngr: ocp.CheckpointManager, step: int, target: Any) -> tuple[Any, dict]:
+    """Restores `step` into the structure, dtypes and shardings of `target`."""
+    args = ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
+    try:
+        out = mngr.restore(step, args=args)
+    except Exception as e:  # a truncated or foreign checkpoint
+        raise UserError(f"cannot restore checkpoint {mngr.directory}/{step}: {e}") from None
+    return out["state"], out["meta"]
+
+
+def check_same_model(saved: dict, model_cfg: Any, where: str) -> None:
+    """Refuses a checkpoint whose model config differs, naming every differing field."""
+    current = dataclasses.asdict(model_cfg)
+    diff = [
+        f"{k}: checkpoint {saved.get(k)!r} vs config {v!r}"
+        for k, v in current.items()
+        if _jsonable(saved.get(k)) != _jsonable(v)
+    ]
+    if diff:
+        raise UserError(
+            f"{where} holds a checkpoint of a different model ({'; '.join(diff)}); "
+            "use a new --workdir or the original config"
+        )
+
+
+def _jsonable(x: Any) -> Any:
+    return list(x) if isinstance(x, tuple) else x

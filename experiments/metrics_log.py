@@ -1,0 +1,42 @@
+"""Metrics as JSON lines (`metrics.jsonl`) and TensorBoard events, both safe across resumes."""
+
+import json
+import os
+
+from tensorboardX import SummaryWriter
+
+FILENAME = "metrics.jsonl"
+
+
+def read(workdir: str) -> list[dict]:
+    path = os.path.join(workdir, FILENAME)
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class MetricsLog:
+    """Appends one JSON object per line; on resume drops the lines of steps after the checkpoint.
+
+    Dropping them makes a resumed run's file identical to an uninterrupted run's.
+    """
+
+    def __init__(self, workdir: str, resume_step: int):
+        self.path = os.path.join(workdir, FILENAME)
+        kept = [r for r in read(workdir) if r["step"] <= resume_step]
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+        os.replace(tmp, self.path)
+        self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+    def write(self, step: int, split: str, metrics: dict) -> None:
+        scalars = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"step": step, "split": split, **scalars}) + "\n")
+        for k, v in scalars.items():
+            self.tb.add_scalar(f"{split}/{k}", v, step)
+
+    def close(self) -> None:
+        self.tb.close()
