@@ -1,4 +1,4 @@
-"""Command-line plumbing shared by the entry points: flag parsing that reports mistakes in one line."""
+"""Command-line plumbing for the entry points: flag parsing that reports mistakes in one line."""
 
 import importlib.util
 import os

@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 
 class UserError(Exception):
-    """Bad input from a user (file, text, config, checkpoint): reported in one line, exit status 2."""
+    """Bad input from a user (file, text, config, checkpoint): one-line report, exit status 2."""
 
 
 def run_cli(main: Callable[[], object]) -> None:

@@ -1,4 +1,4 @@
-"""Evaluation over a whole split: every example counted exactly once, metrics from the confusion matrix."""
+"""Evaluation of a whole split: every example counted once, metrics from the confusion matrix."""
 
 import time
 from typing import Any

@@ -79,7 +79,7 @@ def plot_heatmap(weights_LxL: np.ndarray, tokens: list[str], title: str, path: s
 
 
 def attention_html(rows: list[tuple[str, list[str], np.ndarray]], path: str) -> str:
-    """A page that shades each token by the attention it receives: rows of (caption, tokens, w_L)."""
+    """A page shading each token by the attention it receives; rows are (caption, tokens, w_L)."""
     parts = [
         "<!doctype html><meta charset='utf-8'><title>attention</title>",
         "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}"

@@ -18,7 +18,7 @@ _NEVER = 2**30
 def make_optimizer(
     optim: ml_collections.ConfigDict, total_steps: int
 ) -> optax.GradientTransformation:
-    """AdamW with warmup and cosine decay, global-norm clipping, and skipping of non-finite updates."""
+    """AdamW with warmup + cosine decay, global-norm clipping, skipping of non-finite updates."""
     warmup = min(optim.warmup_steps, max(total_steps - 1, 0))
     schedule = optax.warmup_cosine_decay_schedule(
         init_value=0.0,
