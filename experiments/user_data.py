@@ -1,0 +1,271 @@
+"""Labelled text a user brings: a CSV / TSV / JSONL file, or a folder of .txt files (aclImdb style).
+
+Files: `.csv` (RFC 4180 quoting), `.tsv` (tab-separated, no quoting: quotes are text), `.jsonl` /
+`.ndjson` (one JSON object per line). The first CSV/TSV row is the header; the text and label
+columns are named by `text_field` / `label_field`. UTF-8 (a BOM is fine); LF, CRLF and CR line
+endings may be mixed.
+
+Folders: `<dir>/<label>/*.txt`, one review per file, or split subfolders
+`<dir>/{train,test}/<label>/` (and optionally `validation/`). An `unsup/` folder (aclImdb's
+unlabelled reviews) is ignored.
+
+Labels are strings (a column of 0/1 gives the label names ("0", "1")); the label names are the
+sorted distinct labels of the whole file unless given. Splits: the text's stable hash decides
+(`chinese_reviews.split_of`, 80/10/10); a `train` folder without a `validation` sibling gives 10%
+of its texts (by the same hash) to validation.
+
+Malformed rows (missing field, empty text, empty or unknown label, undecodable bytes, NUL bytes,
+invalid JSON) are skipped and counted; more than `max_bad_fraction` of them is a UserError, fewer is
+a warning on stderr. Both name the first few by line number (or file, for folders).
+"""
+
+import csv
+import io
+import json
+import os
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from experiments import chinese_reviews
+from experiments.errors import UserError
+
+SPLITS = ("train", "validation", "test")
+FILE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".ndjson")
+_SHOW_BAD = 5  # how many malformed rows a message names
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+# (where, text, label, split hint, error): text/label None when missing; error set when unparsable.
+Row = tuple[str, "str | None", "str | None", "str | None", "str | None"]
+
+
+def load_split(
+    path: str,
+    split: str,
+    *,
+    text_field: str = "text",
+    label_field: str = "label",
+    max_bad_fraction: float = 0.01,
+    label_names: Sequence[str] | None = None,
+) -> tuple[list[str], np.ndarray, tuple[str, ...]]:
+    """One split of a user's data as (texts, labels int32 [N], label names)."""
+    if split not in SPLITS:
+        raise UserError(f"split={split!r} is not one of {SPLITS}")
+    splits = load(
+        path,
+        text_field=text_field,
+        label_field=label_field,
+        max_bad_fraction=max_bad_fraction,
+        label_names=label_names,
+    )
+    texts, labels, names = splits[split]
+    if not texts:
+        total = sum(len(t) for t, _, _ in splits.values())
+        raise UserError(
+            f"data.path={path!r}: split {split!r} is empty ({total} usable examples in all; "
+            "the 80/10/10 hash split needs more)"
+        )
+    return texts, labels, names
+
+
+def load(
+    path: str,
+    *,
+    text_field: str = "text",
+    label_field: str = "label",
+    max_bad_fraction: float = 0.01,
+    label_names: Sequence[str] | None = None,
+) -> dict[str, tuple[list[str], np.ndarray, tuple[str, ...]]]:
+    """All three splits of a user's data: {split: (texts, labels int32 [N], label names)}."""
+    if not 0.0 <= max_bad_fraction <= 1.0:
+        raise UserError(f"data.max_bad_fraction must be in [0, 1], got {max_bad_fraction!r}")
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"data.path={path!r} does not exist")
+    if p.is_dir():
+        rows = _folder_rows(p)
+    elif p.suffix.lower() in FILE_SUFFIXES:
+        rows = _file_rows(p, text_field, label_field)
+    else:
+        raise UserError(
+            f"data.path={path!r}: unknown file type {p.suffix!r}; expected a folder or one of "
+            f"{', '.join(FILE_SUFFIXES)}"
+        )
+
+    good, bad = _check_rows(rows, label_names)
+    if bad:
+        shown = "; ".join(f"{where}: {why}" for where, why in bad[:_SHOW_BAD])
+        more = f" (and {len(bad) - _SHOW_BAD} more)" if len(bad) > _SHOW_BAD else ""
+        msg = f"data.path={path!r}: {len(bad)} of {len(rows)} rows malformed: {shown}{more}"
+        if len(bad) > max_bad_fraction * len(rows):
+            raise UserError(f"{msg}; that is more than data.max_bad_fraction={max_bad_fraction}")
+        print(f"warning: {msg}; skipped them", file=sys.stderr)
+
+    names = tuple(label_names) if label_names else tuple(sorted({lab for _, lab, _ in good}))
+    ids = {name: i for i, name in enumerate(names)}
+    has_validation = any(hint == "validation" for _, _, hint in good)
+    out: dict[str, tuple[list[str], list[int]]] = {s: ([], []) for s in SPLITS}
+    for text, label, hint in good:
+        split = _assign_split(text, hint, has_validation)
+        out[split][0].append(text)
+        out[split][1].append(ids[label])
+    return {s: (t, np.asarray(y, np.int32), names) for s, (t, y) in out.items()}
+
+
+def _assign_split(text: str, hint: str | None, has_validation: bool) -> str:
+    if hint is None:
+        return chinese_reviews.split_of(text)
+    if hint == "train" and not has_validation:
+        return "train" if chinese_reviews.hash_fraction(text) < 0.9 else "validation"
+    return hint
+
+
+def _check_rows(
+    rows: list[Row], label_names: Sequence[str] | None
+) -> tuple[list[tuple[str, str, str | None]], list[tuple[str, str]]]:
+    """Splits rows into good (text, label, split hint) and bad (where, reason)."""
+    known = set(label_names) if label_names else None
+    good, bad = [], []
+    for where, text, label, hint, error in rows:
+        why = error
+        if why is not None:
+            pass
+        elif text is None:
+            why = "missing text field"
+        elif label is None:
+            why = "missing label field"
+        elif "\x00" in text or "\x00" in label:
+            why = "NUL byte"
+        elif _has_undecodable(text) or _has_undecodable(label):
+            why = "undecodable bytes (not UTF-8)"
+        elif not text.strip():
+            why = "empty text"
+        elif not label.strip():
+            why = "empty label"
+        elif known is not None and label.strip() not in known:
+            why = f"unknown label {label.strip()!r} (label names: {sorted(known)})"
+        if why is None:
+            good.append((text.strip(), label.strip(), hint))
+        else:
+            bad.append((where, why))
+    return good, bad
+
+
+def _has_undecodable(s: str) -> bool:
+    # `surrogateescape` decoding maps each invalid byte to a lone surrogate U+DC80..U+DCFF.
+    return any("\udc80" <= c <= "\udcff" for c in s)
+
+
+def _decode(raw: bytes) -> str:
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _looks_binary(raw: bytes) -> bool:
+    """True for files that are not text: many control bytes or mostly invalid UTF-8 at the start."""
+    head = raw[:8192]
+    controls = sum(b < 32 and b not in b"\t\n\r\f\v" for b in head)
+    invalid = head.decode("utf-8", "replace").count("\ufffd")
+    return controls > 0.1 * len(head) or invalid > 0.1 * len(head)
+
+
+def _read_text_file(p: Path) -> str:
+    raw = p.read_bytes()
+    if not raw.strip():
+        raise UserError(f"data.path={str(p)!r} is empty")
+    if _looks_binary(raw):
+        raise UserError(f"data.path={str(p)!r} looks binary, not UTF-8 text")
+    return _decode(raw)
+
+
+def _file_rows(p: Path, text_field: str, label_field: str) -> list[Row]:
+    text = _read_text_file(p)
+    suffix = p.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        return _jsonl_rows(str(p), text, text_field, label_field)
+    return _table_rows(str(p), text, text_field, label_field, tsv=suffix == ".tsv")
+
+
+def _table_rows(path: str, text: str, text_field: str, label_field: str, *, tsv: bool) -> list[Row]:
+    if tsv:
+        reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE)
+    else:
+        reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        header = next(reader)
+        while not header:  # leading blank lines
+            header = next(reader)
+        header = [h.strip() for h in header]
+        for field, flag in ((text_field, "data.text_field"), (label_field, "data.label_field")):
+            if field not in header:
+                raise UserError(
+                    f"data.path={path!r}: no column {field!r} ({flag}); the header has {header}"
+                )
+        ti, li = header.index(text_field), header.index(label_field)
+        rows: list[Row] = []
+        start = reader.line_num + 1
+        for record in reader:
+            if record:
+                text_v = record[ti] if ti < len(record) else None
+                label_v = record[li] if li < len(record) else None
+                rows.append((f"line {start}", text_v, label_v, None, None))
+            start = reader.line_num + 1
+    except csv.Error as e:
+        raise UserError(f"data.path={path!r}: unreadable at line {reader.line_num}: {e}") from e
+    if not rows:
+        raise UserError(f"data.path={path!r} has a header but no data rows")
+    return rows
+
+
+def _jsonl_rows(path: str, text: str, text_field: str, label_field: str) -> list[Row]:
+    rows: list[Row] = []
+    for n, line in enumerate(_LINE_END.split(text), start=1):
+        if not line.strip():
+            continue
+        where = f"line {n}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            rows.append((where, None, None, None, f"invalid JSON ({e.msg})"))
+            continue
+        if not isinstance(obj, dict):
+            rows.append((where, None, None, None, "not a JSON object"))
+            continue
+        t, lab = obj.get(text_field), obj.get(label_field)
+        if t is not None and not isinstance(t, str):
+            rows.append((where, None, None, None, f"text is a {type(t).__name__}, not a string"))
+            continue
+        if isinstance(lab, bool) or (lab is not None and not isinstance(lab, (str, int))):
+            rows.append((where, None, None, None, f"label {lab!r} is not a string or integer"))
+            continue
+        rows.append((where, t, None if lab is None else str(lab), None, None))
+    if not rows:
+        raise UserError(f"data.path={path!r} is empty")
+    for field, flag, col in (
+        (text_field, "data.text_field", 1),
+        (label_field, "data.label_field", 2),
+    ):
+        if all(r[col] is None for r in rows):
+            raise UserError(f"data.path={path!r}: no row has the field {field!r} ({flag})")
+    return rows
+
+
+def _folder_rows(root: Path) -> list[Row]:
+    split_dirs = [s for s in SPLITS if (root / s).is_dir()]
+    parts = [(root / s, s) for s in split_dirs] if split_dirs else [(root, None)]
+    rows: list[Row] = []
+    for folder, hint in parts:
+        for label_dir in sorted(d for d in folder.iterdir() if d.is_dir() and d.name != "unsup"):
+            for f in sorted(label_dir.glob("*.txt")):
+                raw = f.read_bytes()
+                where = os.path.relpath(f, root)
+                rows.append((where, _decode(raw), label_dir.name, hint, None))
+    if not rows:
+        raise UserError(
+            f"data.path={str(root)!r} has no <label>/*.txt files (nor train/<label>/*.txt)"
+        )
+    return rows
