@@ -1,0 +1,61 @@
+"""Plain-numpy attention with an explicit loop over queries and keys: the test oracle.
+
+Written as the textbook defines attention, one output b_i at a time, and independently of
+``attn.scores`` (real concatenations, one (q_i, k_j) pair at a time) so that it can catch
+mistakes in the vectorised forms. Float64 throughout. Slow; for tests only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+
+def _pair_score(name: str, p: Any, q: np.ndarray, k: np.ndarray) -> float:
+    """Score one query vector q [d] against one key vector k [d]."""
+    if name == "dot":
+        return float(q @ k)
+    if name == "scaled_dot":
+        return float(q @ k) / math.sqrt(q.shape[0])
+    if name == "general":
+        return float(q @ p["w_DxD"] @ k)
+    if name == "additive":
+        w_2DxH = np.concatenate([p["wq_DxH"], p["wk_DxH"]], axis=0)
+        return float(p["v_H"] @ np.tanh(np.concatenate([q, k]) @ w_2DxH + p["b_H"]))
+    if name == "mlp":
+        w_3DxH = np.concatenate([p["wq_DxH"], p["wk_DxH"], p["wp_DxH"]], axis=0)
+        h = np.tanh(np.concatenate([q, k, q * k]) @ w_3DxH + p["b1_H"])
+        return float(p["w2_H"] @ h)
+    raise ValueError(f"score must be one of dot, scaled_dot, general, additive, mlp; got {name!r}")
+
+
+def attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    mask: Any = None,
+    *,
+    score: str = "scaled_dot",
+    score_params: Any = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """out [Lq, dv], weights [Lq, Lk] for q [Lq, d], k [Lk, d], v [Lk, dv], mask [Lk]|[Lq, Lk]."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    p = None
+    if score_params is not None:
+        p = {name: np.asarray(x, np.float64) for name, x in score_params.items()}
+    lq, lk = q.shape[0], k.shape[0]
+    allowed = np.ones((lq, lk), bool) if mask is None else np.broadcast_to(mask, (lq, lk))
+    out = np.zeros((lq, v.shape[1]))
+    weights = np.zeros((lq, lk))
+    for i in range(lq):
+        keys = [j for j in range(lk) if allowed[i, j]]
+        if not keys:  # attends nowhere: weights and output stay 0
+            continue
+        s = np.array([_pair_score(score, p, q[i], k[j]) for j in keys])
+        e = np.exp(s - s.max())
+        weights[i, keys] = e / e.sum()
+        for j in keys:
+            out[i] += weights[i, j] * v[j]
+    return out, weights

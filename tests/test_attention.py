@@ -1,0 +1,281 @@
+"""attn.attention: matrix and xla forms against the per-query numpy loop, jax.nn and Flax."""
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+from attn import reference, scores
+from attn.attention import attention
+
+SCORES = sorted(scores.SCORES)
+LQ, LK, D, E = 5, 7, 4, 3
+
+
+def _inputs(seed=0, lq=LQ, lk=LK, d=D, e=E, dtype=jnp.float32):
+    r = np.random.default_rng(seed)
+    q, k, v = (jnp.asarray(r.normal(size=s), dtype) for s in ((lq, d), (lk, d), (lk, e)))
+    return q, k, v
+
+
+def _mask(seed, lq=LQ, lk=LK, rank=2):
+    """Random mask with an all-masked row (rank 2) or ~40% masked keys (rank 1)."""
+    r = np.random.default_rng(seed + 100)
+    if rank == 1:
+        m = r.random(lk) < 0.6
+        m[0], m[-1] = True, False  # at least one allowed and one masked key
+        return jnp.asarray(m)
+    m = r.random((lq, lk)) < 0.6
+    m[:, 0] = True
+    m[1] = False  # query 1 may attend nowhere
+    m[2, 0] = False
+    return jnp.asarray(m)
+
+
+def _params(name, d=D, seed=0):
+    return scores.get_score(name).init(jax.random.key(seed), d)
+
+
+@pytest.mark.parametrize("name", SCORES)
+@pytest.mark.parametrize("rank", [1, 2])
+def test_matrix_matches_per_query_loop(name, rank):
+    q, k, v = _inputs(1)
+    mask, p = _mask(1, rank=rank), _params(name)
+    out, w = attention(q, k, v, mask, score=name, score_params=p)
+    out_ref, w_ref = reference.attention(q, k, v, np.asarray(mask), score=name, score_params=p)
+    chex.assert_shape(out, (LQ, E))
+    chex.assert_shape(w, (LQ, LK))
+    np.testing.assert_allclose(out, out_ref, atol=1e-5)
+    np.testing.assert_allclose(w, w_ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", SCORES)
+def test_matrix_without_mask_matches_loop(name):
+    q, k, v = _inputs(2)
+    p = _params(name)
+    out, w = attention(q, k, v, score=name, score_params=p)
+    out_ref, w_ref = reference.attention(q, k, v, score=name, score_params=p)
+    np.testing.assert_allclose(out, out_ref, atol=1e-5)
+    np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-6)
+
+
+def test_callable_score_is_used():
+    q, k, v = _inputs(3)
+    out, w = attention(q, k, v, score=lambda p, q, k: 2.0 * (q @ k.T))
+    out_dot, w_dot = attention(q, k, v, score="dot")
+    np.testing.assert_allclose(w, jax.nn.softmax(2.0 * (q @ k.T)), atol=1e-6)
+    assert not np.allclose(w, w_dot)
+
+
+def _batched_inputs(b=2, lq=6, lk=8, h=3, d=4, seed=4):
+    """[B, L, H, d] tensors and a [B, H, Lq, Lk] mask with >= 1 allowed key per row."""
+    r = np.random.default_rng(seed)
+    q, k, v = (jnp.asarray(r.normal(size=(b, n, h, d)), jnp.float32) for n in (lq, lk, lk))
+    m = r.random((b, h, lq, lk)) < 0.5
+    m[..., 0] = True
+    return q, k, v, jnp.asarray(m)
+
+
+def _ours_bhld(q, k, v, mask, **kw):
+    """Our single-sequence attention vmapped over heads then batch, on [B, L, H, d] tensors."""
+    f = lambda q, k, v, m: attention(q, k, v, m, **kw)[0]
+    per_head = jax.vmap(f, in_axes=(1, 1, 1, 0), out_axes=1)
+    return jax.vmap(per_head)(q, k, v, mask)
+
+
+def test_scaled_dot_matches_jax_nn_dot_product_attention():
+    q, k, v, m = _batched_inputs()
+    expected = jax.nn.dot_product_attention(q, k, v, mask=m)
+    np.testing.assert_allclose(_ours_bhld(q, k, v, m), expected, atol=1e-5)
+
+
+def test_scaled_dot_matches_flax_dot_product_attention():
+    q, k, v, m = _batched_inputs(seed=5)
+    expected = nn.dot_product_attention(q, k, v, mask=m, deterministic=True)
+    np.testing.assert_allclose(_ours_bhld(q, k, v, m), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("rank", [None, 1, 2])
+@pytest.mark.parametrize("e", [3, 4, 6])  # dv below, equal to and above d
+def test_xla_matches_matrix(rank, e):
+    q, k, v = _inputs(6, e=e)
+    mask = None if rank is None else _mask(6, rank=rank)
+    out, w = attention(q, k, v, mask, implementation="xla")
+    assert w is None
+    np.testing.assert_allclose(out, attention(q, k, v, mask)[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", SCORES)
+def test_check_grads_matrix(name):
+    with jax.enable_x64(True):
+        q, k, v = _inputs(7, dtype=jnp.float64)
+        mask = _mask(7)
+        p = jax.tree.map(lambda x: x.astype(jnp.float64), _params(name))
+        f = lambda q, k, v, p: attention(q, k, v, mask, score=name, score_params=p)[0]
+        check_grads(f, (q, k, v, p), order=1, modes=("fwd", "rev"))
+
+
+def test_xla_grads_match_matrix():
+    # jax.nn computes its softmax in float32 even for float64 input, so a float64 finite
+    # difference check cannot apply; compare against the matrix form's (checked) gradients.
+    q, k, v = _inputs(8)
+    mask = _mask(8)
+    grad = lambda impl: jax.grad(
+        lambda q, k, v: jnp.sum(attention(q, k, v, mask, implementation=impl)[0] ** 2),
+        argnums=(0, 1, 2),
+    )(q, k, v)
+    for g_xla, g_matrix in zip(grad("xla"), grad("matrix"), strict=True):
+        np.testing.assert_allclose(g_xla, g_matrix, atol=1e-5)
+
+
+class JitTest(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_same_with_and_without_jit(self):
+        q, k, v = _inputs(9)
+        mask = _mask(9)
+        p = _params("additive")
+        f = self.variant(
+            lambda q, k, v, m, p: attention(q, k, v, m, score="additive", score_params=p)
+        )
+        out, w = f(q, k, v, mask, p)
+        out_ref, w_ref = reference.attention(q, k, v, mask, score="additive", score_params=p)
+        np.testing.assert_allclose(out, out_ref, atol=1e-5)
+        np.testing.assert_allclose(w, w_ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("implementation", ["matrix", "chunked", "xla"])
+def test_vmap_over_batch_and_heads_equals_loop(implementation):
+    q, k, v, m = _batched_inputs(seed=10)
+    m = m.at[0, 1, 2].set(False)  # one fully masked row
+    kw = dict(implementation=implementation, q_chunk=4, k_chunk=3)
+    got = _ours_bhld(q, k, v, m, **kw)
+    for b in range(q.shape[0]):
+        for h in range(q.shape[2]):
+            out, _ = attention(q[b, :, h], k[b, :, h], v[b, :, h], m[b, h], **kw)
+            np.testing.assert_allclose(got[b, :, h], out, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", SCORES)
+def test_masked_keys_get_exactly_zero_weight(name):
+    q, k, v = _inputs(11)
+    mask = _mask(11)
+    _, w = attention(q, k, v, mask, score=name, score_params=_params(name))
+    assert np.all(np.asarray(w)[~np.asarray(mask)] == 0.0)
+    np.testing.assert_array_equal(w[1], 0.0)  # the fully masked row
+    allowed_rows = np.asarray(mask).any(-1)
+    np.testing.assert_allclose(np.asarray(w).sum(-1)[allowed_rows], 1.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", SCORES)
+def test_permutation_equivariance(name):
+    q, k, v = _inputs(12)
+    mask, p = _mask(12), _params(name)
+    out, _ = attention(q, k, v, mask, score=name, score_params=p)
+    r = np.random.default_rng(12)
+    pq, pk = r.permutation(LQ), r.permutation(LK)
+    out_q, _ = attention(q[pq], k, v, mask[pq], score=name, score_params=p)
+    np.testing.assert_allclose(out_q, out[pq], atol=1e-6)
+    out_k, _ = attention(q, k[pk], v[pk], mask[:, pk], score=name, score_params=p)
+    np.testing.assert_allclose(out_k, out, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", SCORES)
+@pytest.mark.parametrize("implementation", ["matrix", "chunked"])
+def test_padding_invariance(name, implementation):
+    q, k, v = _inputs(13)
+    mask, p = _mask(13, rank=1), _params(name)
+    kw = dict(score=name, score_params=p, implementation=implementation, q_chunk=2, k_chunk=3)
+    out, _ = attention(q, k, v, mask, **kw)
+    r = np.random.default_rng(13)
+    k_pad = jnp.concatenate([k, jnp.asarray(r.normal(size=(4, D)) * 50, jnp.float32)])
+    v_pad = jnp.concatenate([v, jnp.asarray(r.normal(size=(4, E)) * 50, jnp.float32)])
+    mask_pad = jnp.concatenate([mask, jnp.zeros(4, bool)])
+    out_pad, _ = attention(q, k_pad, v_pad, mask_pad, **kw)
+    np.testing.assert_allclose(out_pad, out, atol=1e-6)
+
+
+@pytest.mark.parametrize("implementation", ["matrix", "chunked", "xla"])
+def test_fully_masked_row_is_zero_with_finite_grads(implementation):
+    q, k, v = _inputs(14)
+    mask = jnp.zeros((LQ, LK), bool).at[0].set(True)  # only query 0 may attend
+    kw = dict(implementation=implementation, q_chunk=2, k_chunk=3)
+    out, _ = attention(q, k, v, mask, **kw)
+    np.testing.assert_array_equal(out[1:], 0.0)
+    assert np.all(np.isfinite(out))
+    grads = jax.grad(lambda q, k, v: attention(q, k, v, mask, **kw)[0].sum(), argnums=(0, 1, 2))(
+        q, k, v
+    )
+    for g in grads:
+        assert np.all(np.isfinite(g))
+    np.testing.assert_array_equal(grads[0][1:], 0.0)  # masked queries influence nothing
+    # with every key masked everywhere too
+    none = jnp.zeros((LK,), bool)
+    g_none = jax.grad(lambda q: attention(q, k, v, none, **kw)[0].sum())(q)
+    np.testing.assert_array_equal(g_none, 0.0)
+
+
+@pytest.mark.parametrize("name", SCORES)
+@pytest.mark.parametrize("implementation", ["matrix", "chunked"])
+def test_bfloat16_close_to_float32(name, implementation):
+    q, k, v = _inputs(15)
+    mask, p = _mask(15), _params(name)
+    kw = dict(score=name, score_params=p, implementation=implementation, q_chunk=2, k_chunk=3)
+    out32, _ = attention(q, k, v, mask, **kw)
+    bf = lambda x: x.astype(jnp.bfloat16)
+    out16, w16 = attention(bf(q), bf(k), bf(v), mask, **kw)
+    assert out16.dtype == jnp.bfloat16
+    if w16 is not None:
+        assert w16.dtype == jnp.float32
+    assert np.all(np.isfinite(np.asarray(out16, np.float32)))
+    np.testing.assert_allclose(np.asarray(out16, np.float32), out32, atol=5e-2, rtol=5e-2)
+
+
+def test_xla_bfloat16_close_to_float32():
+    q, k, v = _inputs(16)
+    mask = _mask(16)
+    out32, _ = attention(q, k, v, mask, implementation="xla")
+    bf = lambda x: x.astype(jnp.bfloat16)
+    out16, _ = attention(bf(q), bf(k), bf(v), mask, implementation="xla")
+    assert out16.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(out16, np.float32), out32, atol=5e-2, rtol=5e-2)
+
+
+_q, _k, _v = _inputs(17)
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, words",
+    [
+        (dict(q=_q[None]), ValueError, ["q", "(1, 5, 4)"]),
+        (dict(k=_k[0]), ValueError, ["k", "(4,)"]),
+        (dict(v=_v[None]), ValueError, ["v", "(1, 7, 3)"]),
+        (dict(k=_k[:, :3]), ValueError, ["q", "k", "(7, 3)"]),
+        (dict(v=_v[:6]), ValueError, ["v", "(6, 3)"]),
+        (dict(mask=jnp.ones((LK + 1,), bool)), ValueError, ["mask", "(8,)"]),
+        (dict(mask=jnp.ones((LK, LQ), bool)), ValueError, ["mask", "(7, 5)"]),
+        (dict(mask=jnp.ones((LQ, LK), jnp.int32)), TypeError, ["mask", "int32"]),
+        (dict(score="dott"), ValueError, ["score", "'dott'", "scaled_dot", "additive"]),
+        (dict(score=3), TypeError, ["score", "int"]),
+        (dict(score="general"), ValueError, ["score_params", "general"]),
+        (dict(implementation="flash"), ValueError, ["implementation", "'flash'", "chunked"]),
+        (dict(implementation="xla", score="dot"), ValueError, ["xla", "'dot'"]),
+        (dict(q_chunk=0), ValueError, ["q_chunk", "0"]),
+        (dict(k_chunk=-2), ValueError, ["k_chunk", "-2"]),
+        (dict(k_chunk=2.5), TypeError, ["k_chunk", "2.5"]),
+    ],
+)
+def test_bad_arguments_raise_with_clear_message(kwargs, exc, words):
+    args = dict(q=_q, k=_k, v=_v, mask=None)
+    args.update(kwargs)
+    with pytest.raises(exc) as info:
+        attention(args.pop("q"), args.pop("k"), args.pop("v"), args.pop("mask"), **args)
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
+
+
+def test_validation_runs_at_trace_time_under_jit():
+    with pytest.raises(ValueError, match="k and v must share Lk"):
+        jax.jit(lambda q, k, v: attention(q, k, v))(_q, _k, _v[:6])
