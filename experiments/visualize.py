@@ -1,0 +1,56 @@
+"""Attention heatmaps (one PNG per layer and head), a shaded-token HTML page, and training curves.
+
+  python -m experiments.visualize --workdir=runs/default "这本书很好看，推荐"
+
+Writes into DIR/visualize/ (or --out): layer<l>_head<h>.png per text, attention.html, and
+DIR/curves.png from DIR/metrics.jsonl.
+"""
+
+import os
+
+from absl import flags
+
+from experiments import cli, inference, plots
+from experiments.errors import UserError
+from experiments.predict import check_text
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "A workdir written by experiments.train.")
+_OUT = flags.DEFINE_string("out", None, "Output directory; default DIR/visualize.")
+_MAX_TOKENS = flags.DEFINE_integer("max_tokens", 64, "Tokens shown on heatmap axes.")
+
+
+def visualize(workdir: str, texts: list[str], out: str, max_tokens: int = 64) -> list[str]:
+    """Writes the plots for `texts`; returns the paths written."""
+    trained = inference.load(workdir)
+    os.makedirs(out, exist_ok=True)
+    written, rows = [], []
+    for n, text in enumerate(texts, 1):
+        ids_L = inference.encode(trained, check_text(text))
+        result = inference.analyse(trained, ids_L)
+        tokens = trained.tokenizer.tokens(ids_L.tolist())
+        label = trained.label_names[int(result["probs"].argmax())]
+        caption = f"text {n}: {label} ({result['probs'].max():.2f})"
+        rows.append((caption, tokens, result["received"]))
+        shown = tokens[:max_tokens]
+        for layer, w_HxLxL in enumerate(result["attention"]):
+            for head, w_LxL in enumerate(w_HxLxL):
+                path = os.path.join(out, f"text{n}_layer{layer}_head{head}.png")
+                title = f"{caption} | layer {layer} head {head}"
+                written.append(plots.plot_heatmap(w_LxL, shown, title, path))
+    written.append(plots.attention_html(rows, os.path.join(out, "attention.html")))
+    written.append(plots.plot_curves(workdir))
+    return written
+
+
+def main(argv: list[str]) -> None:
+    if not _WORKDIR.value:
+        raise UserError("--workdir=DIR is required")
+    if len(argv) < 2:
+        raise UserError('give at least one text, e.g. visualize --workdir=DIR "很好看"')
+    out = _OUT.value or os.path.join(_WORKDIR.value, "visualize")
+    for path in visualize(_WORKDIR.value, argv[1:], out, _MAX_TOKENS.value):
+        print(path)
+
+
+if __name__ == "__main__":
+    cli.main(main)
