@@ -79,7 +79,7 @@ def load_split(data_cfg: Any, split: str) -> Examples:
         raise UserError(f"data.dataset={name!r} is unknown; valid names: {', '.join(DATASETS)}")
     text_field, splits = _TFDS[name]
     tfds_split, keep = splits[split]
-    source = _data_source(name, tfds_split, data_cfg.get("data_dir"))
+    source = _data_source(name, tfds_split, data_cfg.get("data_dir") or None)  # "" = default
     texts, labels = [], []
     for ex in source:
         text = ex[text_field]

@@ -82,6 +82,8 @@ def load(
     """All three splits of a user's data: {split: (texts, labels int32 [N], label names)}."""
     if not 0.0 <= max_bad_fraction <= 1.0:
         raise UserError(f"data.max_bad_fraction must be in [0, 1], got {max_bad_fraction!r}")
+    if not str(path or "").strip():
+        raise UserError("data.path is empty: set it to a CSV/TSV/JSONL file or a folder")
     p = Path(path)
     if not p.exists():
         raise UserError(f"data.path={path!r} does not exist")

@@ -1,0 +1,68 @@
+"""Prints what a config's data looks like: split sizes, label balance, lengths, vocabulary size.
+
+  python -m experiments.data_info --config=configs/default.py [--config.data.tokenizer=word]
+
+Lengths are percentiles (50/90/99/max) in characters and in tokens (before truncation to
+data.max_len, which is also shown as the fraction of texts it cuts).
+"""
+
+from typing import Any
+
+import numpy as np
+from ml_collections import config_flags
+
+from experiments import cli, datasets, tokenizers
+from experiments.errors import UserError
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file[:variant].")
+_PERCENTILES = (50, 90, 99, 100)
+
+
+def _lengths(xs: list[int]) -> str:
+    if not xs:
+        return "-"
+    p = np.percentile(np.asarray(xs), _PERCENTILES, method="lower").astype(int)
+    return "/".join(str(v) for v in p)
+
+
+def describe(data_cfg: Any) -> str:
+    """The report for `data_cfg` (config.data), as printed by the CLI."""
+    splits = {s: datasets.load_split(data_cfg, s) for s in datasets.SPLITS}
+    train_texts, _, names = splits["train"]
+    tok = tokenizers.build_tokenizer(
+        data_cfg.tokenizer,
+        train_texts,
+        lowercase=data_cfg.lowercase,
+        min_freq=data_cfg.min_freq,
+        max_vocab=data_cfg.max_vocab,
+    )
+    lines = [
+        f"dataset {data_cfg.dataset}  labels {list(names)}  tokenizer {tok.kind}  "
+        f"vocab_size {tok.vocab_size}  max_len {data_cfg.max_len}",
+        f"{'split':<11}{'examples':>9}  {'label counts':<24}{'chars 50/90/99/max':<22}"
+        f"{'tokens 50/90/99/max':<22}{'>max_len':>8}  {'unk':>6}",
+    ]
+    for split, (texts, labels, _) in splits.items():
+        counts = np.bincount(labels, minlength=len(names)) if len(labels) else np.zeros(len(names))
+        balance = " ".join(f"{int(c)}({c / max(len(labels), 1):.0%})" for c in counts)
+        ids = [tok.encode(t) for t in texts]
+        n_tok = [len(i) for i in ids]
+        total = max(sum(n_tok), 1)
+        unk = sum(int((i == tokenizers.UNK).sum()) for i in ids) / total
+        cut = np.mean([n > data_cfg.max_len for n in n_tok]) if n_tok else 0.0
+        lines.append(
+            f"{split:<11}{len(texts):>9}  {balance:<24}{_lengths([len(t) for t in texts]):<22}"
+            f"{_lengths(n_tok):<22}{cut:>8.1%}  {unk:>6.2%}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    if _CONFIG.value is None:
+        raise UserError("--config is required, e.g. --config=configs/default.py")
+    print(describe(_CONFIG.value.data))
+
+
+if __name__ == "__main__":
+    cli.main(main)
