@@ -1,0 +1,243 @@
+"""Classifier: shapes, invariances, training behaviour, ModelConfig validation."""
+
+import dataclasses
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from attn import classifier, encoder
+from attn.classifier import ModelConfig
+
+TINY = dict(vocab_size=30, d_model=8, num_heads=2, d_ff=16, max_len=16, pool_hidden=6, pool_hops=3)
+TOKENS = jnp.array(
+    [[2, 5, 9, 7, 11, 0, 0, 0], [2, 4, 0, 0, 0, 0, 0, 0], [2, 8, 3, 3, 6, 12, 13, 9]]
+)
+POOLINGS = ("cls", "mean", "max", "structured")
+
+
+def _cfg(**kw) -> ModelConfig:
+    return ModelConfig(**{**TINY, **kw})
+
+
+def _run(cfg, tokens=TOKENS, seed=0, **kw):
+    params = classifier.init(jax.random.key(seed), cfg)
+    return classifier.apply(params, tokens, cfg, **kw)
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+@pytest.mark.parametrize("ngram_buckets", [0, 17])
+def test_shapes(pooling, positions, ngram_buckets):
+    cfg = _cfg(pooling=pooling, positions=positions, ngram_buckets=ngram_buckets, num_classes=3)
+    logits, aux = _run(cfg)
+    B, L = TOKENS.shape
+    chex.assert_shape(logits, (B, 3))
+    assert logits.dtype == jnp.float32
+    assert isinstance(aux["attention"], tuple) and len(aux["attention"]) == cfg.num_layers
+    chex.assert_shape(aux["attention"][0], (B, cfg.num_heads, L, L))
+    if pooling == "structured":
+        chex.assert_shape(aux["pool_weights"], (B, cfg.pool_hops, L))
+        assert float(aux["penalty"]) > 0.0
+    else:
+        assert aux["pool_weights"] is None
+        assert float(aux["penalty"]) == 0.0
+    chex.assert_tree_all_finite(logits)
+
+
+def test_bfloat16_compute_gives_finite_float32_logits_close_to_float32():
+    cfg = _cfg(pooling="structured", ngram_buckets=11, num_layers=2)
+    params = classifier.init(jax.random.key(0), cfg)
+    lo16, aux = classifier.apply(params, TOKENS, dataclasses.replace(cfg, dtype="bfloat16"))
+    lo32, _ = classifier.apply(params, TOKENS, cfg)
+    assert lo16.dtype == jnp.float32 and aux["penalty"].dtype == jnp.float32
+    chex.assert_tree_all_finite(lo16)
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
+    np.testing.assert_allclose(lo16, lo32, atol=0.1)
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+def test_appending_padding_does_not_change_logits(pooling, positions):
+    cfg = _cfg(pooling=pooling, positions=positions, ngram_buckets=13, num_layers=2)
+    params = classifier.init(jax.random.key(1), cfg)
+    padded = jnp.pad(TOKENS, ((0, 0), (0, 5)))
+    lo, aux = classifier.apply(params, TOKENS, cfg)
+    lo_pad, aux_pad = classifier.apply(params, padded, cfg)
+    np.testing.assert_allclose(lo, lo_pad, atol=1e-5)
+    np.testing.assert_allclose(aux["penalty"], aux_pad["penalty"], rtol=1e-5)
+
+
+def test_masked_keys_get_zero_attention_weight():
+    cfg = _cfg(num_layers=2)
+    _, aux = _run(cfg)
+    key_is_pad_Bx1x1xL = np.asarray(TOKENS == 0)[:, None, None, :]
+    for w_BxHxLxL in aux["attention"]:
+        w = np.asarray(w_BxHxLxL)
+        assert np.all(np.where(key_is_pad_Bx1x1xL, w, 0.0) == 0.0)
+        # Every real query distributes all its weight over real keys.
+        real_q = np.asarray(TOKENS != 0)
+        np.testing.assert_allclose(w.sum(-1).transpose(0, 2, 1)[real_q], 1.0, rtol=1e-5)
+
+
+def test_encoder_is_permutation_equivariant():
+    d, h, L = 8, 2, 6
+    params = encoder.init(jax.random.key(2), d, h, 16)
+    x = jax.random.normal(jax.random.key(3), (L, d))
+    mask = jnp.array([True, True, False, True, True, False])
+    perm = jnp.array([4, 2, 0, 5, 1, 3])
+    y, w = encoder.apply(params, x, mask, num_heads=h)
+    y_p, w_p = encoder.apply(params, x[perm], mask[perm], num_heads=h)
+    np.testing.assert_allclose(y_p, y[perm], atol=1e-5)
+    np.testing.assert_allclose(w_p, w[:, perm][:, :, perm], atol=1e-6)
+
+
+def test_classifier_without_positions_ignores_token_order():
+    cfg = _cfg(positions="none", pooling="mean", num_layers=2)
+    shuffled = TOKENS.at[0, :5].set(TOKENS[0, jnp.array([3, 0, 4, 1, 2])])
+    lo, _ = _run(cfg)
+    lo_s, _ = _run(cfg, tokens=shuffled)
+    np.testing.assert_allclose(lo, lo_s, atol=1e-5)
+    lo_p, _ = _run(_cfg(positions="learned", pooling="mean", num_layers=2), tokens=shuffled)
+    lo_l, _ = _run(_cfg(positions="learned", pooling="mean", num_layers=2))
+    assert not np.allclose(lo_p[0], lo_l[0], atol=1e-5)  # with positions, order matters
+
+
+def test_ngram_buckets_depend_only_on_the_last_n_tokens():
+    t = jnp.array([[5, 6, 7, 8, 9, 10]])
+    ids = classifier.ngram_buckets(t, (2, 3), 1000)
+    ids2 = classifier.ngram_buckets(t.at[0, 2].set(20), (2, 3), 1000)
+    assert ids.shape == (2, 1, 6) and ids.dtype == jnp.int32
+    assert np.all((ids >= 0) & (ids < 1000))
+    changed = np.asarray(ids != ids2)[:, 0]
+    np.testing.assert_array_equal(changed[0], [0, 0, 1, 1, 0, 0])  # bigrams ending at 2, 3
+    np.testing.assert_array_equal(changed[1], [0, 0, 1, 1, 1, 0])  # trigrams ending at 2, 3, 4
+    assert not np.array_equal(ids[0], ids[1])  # orders hash apart
+
+
+def test_ngrams_change_logits_and_ignore_padding_positions():
+    cfg = _cfg(ngram_buckets=13)
+    params = classifier.init(jax.random.key(0), cfg)
+    plain = {**params, "embed": {k: v for k, v in params["embed"].items() if k != "ngrams"}}
+    lo_n, _ = classifier.apply(params, TOKENS, cfg)
+    lo, _ = classifier.apply(plain, TOKENS, _cfg())
+    assert not np.allclose(lo_n, lo, atol=1e-4)
+    x = classifier.embed(params, TOKENS, cfg)
+    x_plain = classifier.embed(plain, TOKENS, _cfg())
+    pad = np.asarray(TOKENS == 0)
+    np.testing.assert_array_equal(np.asarray(x)[pad], np.asarray(x_plain)[pad])
+
+
+def test_too_long_input_with_learned_positions_raises():
+    cfg = _cfg(max_len=4)
+    with pytest.raises(ValueError, match="max_len=4"):
+        _run(cfg)
+    logits, _ = _run(dataclasses.replace(cfg, positions="sinusoidal"))
+    chex.assert_shape(logits, (3, 2))
+
+
+def _loss(params, tokens, labels, cfg, rng):
+    logits, aux = classifier.apply(params, tokens, cfg, train=True, rng=rng)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+    return ce + 0.1 * aux["penalty"]
+
+
+def test_one_adamw_step_lowers_the_loss():
+    cfg = _cfg(pooling="structured", dropout=0.0, embed_dropout=0.0, ngram_buckets=7)
+    params = classifier.init(jax.random.key(4), cfg)
+    labels = jnp.array([0, 1, 1])
+    rng = jax.random.key(5)
+    opt = optax.adamw(1e-2, weight_decay=1e-4)
+    state = opt.init(params)
+    loss_and_grad = jax.jit(jax.value_and_grad(_loss), static_argnums=3)
+    loss0, grads = loss_and_grad(params, TOKENS, labels, cfg, rng)
+    chex.assert_tree_all_finite(grads)
+    updates, state = opt.update(grads, state, params)
+    loss1, _ = loss_and_grad(optax.apply_updates(params, updates), TOKENS, labels, cfg, rng)
+    assert loss1 < loss0
+
+
+def test_train_requires_rng_and_dropout_depends_on_it():
+    cfg = _cfg(dropout=0.3, embed_dropout=0.3)
+    params = classifier.init(jax.random.key(0), cfg)
+    with pytest.raises(ValueError, match="rng"):
+        classifier.apply(params, TOKENS, cfg, train=True)
+    a, _ = classifier.apply(params, TOKENS, cfg, train=True, rng=jax.random.key(1))
+    a2, _ = classifier.apply(params, TOKENS, cfg, train=True, rng=jax.random.key(1))
+    b, _ = classifier.apply(params, TOKENS, cfg, train=True, rng=jax.random.key(2))
+    e1, _ = classifier.apply(params, TOKENS, cfg)
+    e2, _ = classifier.apply(params, TOKENS, cfg, rng=jax.random.key(3))
+    np.testing.assert_array_equal(a, a2)
+    assert not np.allclose(a, b)
+    np.testing.assert_array_equal(e1, e2)
+
+
+def test_jit_and_no_jit_agree_and_config_is_a_static_arg():
+    cfg = _cfg(pooling="structured", ngram_buckets=5)
+    params = classifier.init(jax.random.key(6), cfg)
+    eager, _ = classifier.apply(params, TOKENS, cfg)
+    fn = jax.jit(classifier.apply, static_argnums=2)
+    jitted, _ = fn(params, TOKENS, cfg)
+    again, _ = fn(params, TOKENS, dataclasses.replace(cfg))  # equal config: cache hit
+    np.testing.assert_allclose(eager, jitted, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(jitted, again)
+    assert fn._cache_size() == 1
+
+
+@pytest.mark.parametrize("implementation", ["chunked", "xla"])
+def test_other_implementations_match_matrix(implementation):
+    cfg = _cfg(num_layers=2, q_chunk=3, k_chunk=2)
+    params = classifier.init(jax.random.key(7), cfg)
+    lo_m, _ = classifier.apply(params, TOKENS, cfg)
+    lo_c, aux = classifier.apply(
+        params, TOKENS, dataclasses.replace(cfg, implementation=implementation)
+    )
+    np.testing.assert_allclose(lo_m, lo_c, atol=1e-5)
+    assert aux["attention"] is None
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("vocab_size", 0),
+        ("vocab_size", 2.5),
+        ("num_classes", 1),
+        ("d_model", 0),
+        ("num_heads", 0),
+        ("num_heads", 3),  # 8 % 3 != 0
+        ("num_layers", -1),
+        ("d_ff", 0),
+        ("max_len", 0),
+        ("positions", "rotary"),
+        ("pooling", "sum"),
+        ("pool_hops", 0),
+        ("pool_hidden", 0),
+        ("dropout", 1.0),
+        ("dropout", -0.1),
+        ("embed_dropout", 1.5),
+        ("score", "cosine"),
+        ("implementation", "flash"),
+        ("q_chunk", 0),
+        ("k_chunk", True),
+        ("ngram_buckets", -1),
+        ("ngram_orders", (0, 2)),
+        ("ngram_orders", "23"),
+        ("dtype", "float16"),
+    ],
+)
+def test_bad_config_field_raises_naming_it(field, value):
+    with pytest.raises(ValueError, match=rf"ModelConfig\.{field}"):
+        _cfg(**{field: value})
+
+
+def test_config_lists_valid_options_and_is_hashable():
+    with pytest.raises(ValueError, match="'cls', 'max', 'mean', 'structured'"):
+        _cfg(pooling="attention")
+    cfg = _cfg(ngram_orders=[2, 3], ngram_buckets=5)  # a list from a ConfigDict is normalised
+    assert cfg.ngram_orders == (2, 3)
+    assert hash(cfg) == hash(_cfg(ngram_orders=(2, 3), ngram_buckets=5))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.d_model = 16

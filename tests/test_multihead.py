@@ -1,0 +1,91 @@
+"""Multi-head self-attention vs Flax and vs a per-head numpy loop."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attn import multihead, reference
+
+D, H, L = 12, 3, 7
+
+
+def _x_and_mask(seed=0):
+    x_LxD = jax.random.normal(jax.random.key(seed), (L, D))
+    mask_L = jnp.arange(L) < 5  # last two positions are padding
+    return x_LxD, mask_L
+
+
+def _to_flax(params):
+    """Our [D, D] projections -> Flax DenseGeneral kernels [D, H, Dh] / [H, Dh, D]."""
+    dh = D // H
+
+    def proj(p):
+        return {"kernel": p["w"].reshape(D, H, dh), "bias": p["b"].reshape(H, dh)}
+
+    return {
+        "query": proj(params["q"]),
+        "key": proj(params["k"]),
+        "value": proj(params["v"]),
+        "out": {"kernel": params["o"]["w"].reshape(H, dh, D), "bias": params["o"]["b"]},
+    }
+
+
+def test_matches_flax_multihead_dot_product_attention():
+    params = multihead.init(jax.random.key(1), D, H)
+    # Random biases so the bias layout is checked too (init makes them zero).
+    params = jax.tree.map(
+        lambda a: jax.random.normal(jax.random.key(a.size), a.shape) if a.ndim == 1 else a, params
+    )
+    x_LxD, mask_L = _x_and_mask()
+    y_LxD, w_HxLxL = multihead.apply(params, x_LxD, mask_L, num_heads=H)
+
+    flax_mha = nn.MultiHeadDotProductAttention(num_heads=H, qkv_features=D, out_features=D)
+    mask_1x1xLxL = jnp.broadcast_to(mask_L, (L, L))[None, None]
+    y_flax = flax_mha.apply(
+        {"params": _to_flax(params)}, x_LxD[None], x_LxD[None], mask=mask_1x1xLxL
+    )[0]
+    np.testing.assert_allclose(y_LxD, y_flax, atol=1e-5, rtol=1e-5)
+    assert w_HxLxL.shape == (H, L, L)
+    np.testing.assert_array_equal(w_HxLxL[:, :, ~np.asarray(mask_L)], 0.0)
+
+
+@pytest.mark.parametrize("score", ["scaled_dot", "general", "additive"])
+def test_matches_per_head_reference_loop(score):
+    params = multihead.init(jax.random.key(2), D, H, score=score)
+    x_LxD, mask_L = _x_and_mask(3)
+    y_LxD, w_HxLxL = multihead.apply(params, x_LxD, mask_L, num_heads=H, score=score)
+
+    x = np.asarray(x_LxD, np.float64)
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+    dh = D // H
+    outs = []
+    for h in range(H):
+        cols = slice(h * dh, (h + 1) * dh)
+        q, k, v = ((x @ p[n]["w"] + p[n]["b"])[:, cols] for n in "qkv")
+        sp = None if "score" not in p else {n: a[h] for n, a in p["score"].items()}
+        out, w = reference.attention(q, k, v, np.asarray(mask_L), score=score, score_params=sp)
+        outs.append(out)
+        np.testing.assert_allclose(w_HxLxL[h], w, atol=1e-5)
+    y_ref = np.concatenate(outs, axis=1) @ p["o"]["w"] + p["o"]["b"]
+    np.testing.assert_allclose(y_LxD, y_ref, atol=1e-5)
+
+
+def test_chunked_matches_matrix_and_returns_no_weights():
+    params = multihead.init(jax.random.key(4), D, H)
+    x_LxD, mask_L = _x_and_mask(5)
+    y_m, _ = multihead.apply(params, x_LxD, mask_L, num_heads=H)
+    y_c, w_c = multihead.apply(
+        params, x_LxD, mask_L, num_heads=H, implementation="chunked", q_chunk=3, k_chunk=2
+    )
+    np.testing.assert_allclose(y_m, y_c, atol=1e-5)
+    assert w_c is None
+
+
+def test_indivisible_heads_raise_naming_both():
+    with pytest.raises(ValueError, match=r"d_model=10.*num_heads=3"):
+        multihead.init(jax.random.key(0), 10, 3)
+    params = multihead.init(jax.random.key(0), 12, 3)
+    with pytest.raises(ValueError, match=r"d_model=12.*num_heads=5"):
+        multihead.apply(params, jnp.zeros((4, 12)), None, num_heads=5)
