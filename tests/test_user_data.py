@@ -1,0 +1,178 @@
+"""User data: CSV/TSV/JSONL/folder parsing, malformed-row reports, thresholds, file-level errors."""
+
+import json
+
+import numpy as np
+import pytest
+
+from experiments import chinese_reviews, user_data
+from experiments.errors import UserError
+
+GOOD = [f"review number {i},{'neg' if i % 3 else 'pos'}" for i in range(100)]
+
+
+def _csv(tmp_path, lines, name="d.csv", sep="\n") -> str:
+    p = tmp_path / name
+    p.write_bytes(sep.join(lines).encode("utf-8") + b"\n" if lines else b"")
+    return str(p)
+
+
+def _load(path, **kw):
+    return user_data.load(path, **kw)
+
+
+def test_csv_labels_splits_and_quoting(tmp_path):
+    lines = ["text,label", '"a, quoted ""review""\nover two lines",pos', *GOOD]
+    out = _load(_csv(tmp_path, lines))
+    assert sum(len(t) for t, _, _ in out.values()) == 101
+    for split, (texts, labels, names) in out.items():
+        assert names == ("neg", "pos") and labels.dtype == np.int32
+        assert all(chinese_reviews.split_of(t) == split for t in texts)
+        for t, y in zip(texts, labels, strict=True):
+            if t.startswith("review"):
+                assert names[y] == ("neg" if int(t.split()[-1]) % 3 else "pos")
+    all_texts = [t for texts, _, _ in out.values() for t in texts]
+    assert 'a, quoted "review"\nover two lines' in all_texts
+
+
+def test_numeric_labels_stay_strings_and_sort_as_strings(tmp_path):
+    lines = ["label,text"] + [f"{[10, 2, 0][i % 3]},text {i}" for i in range(100)]
+    texts, labels, names = user_data.load_split(_csv(tmp_path, lines), "train")
+    assert names == ("0", "10", "2")
+    assert all(
+        names[y] == str([10, 2, 0][int(t.split()[1]) % 3])
+        for t, y in zip(texts, labels, strict=True)
+    )
+
+
+def test_mixed_line_endings_and_line_numbers(tmp_path):
+    p = tmp_path / "d.csv"
+    body = "text,label\r\n" + "\n".join(GOOD[:50]) + "\r" + "\r\n".join(GOOD[50:]) + "\r\n"
+    p.write_bytes((body + ",pos\r\n").encode())  # line 102: empty text
+    with pytest.raises(UserError, match=r"1 of 101 rows malformed: line 102: empty text"):
+        _load(str(p), max_bad_fraction=0.0)
+    assert sum(len(t) for t, _, _ in _load(str(p)).values()) == 100
+
+
+BAD_CASES = [
+    (b"only text no comma", "missing label field"),
+    (b"   ,pos", "empty text"),
+    (b"fine text,maybe", "unknown label 'maybe'"),
+    (b"bad \xff\xfe bytes,pos", "undecodable bytes"),
+    (b"nul \x00 inside,pos", "NUL byte"),
+    (b"fine text,  ", "empty label"),
+]
+
+
+@pytest.mark.parametrize("row, reason", BAD_CASES)
+def test_each_malformed_row_is_reported_with_its_line(tmp_path, capsys, row, reason):
+    p = tmp_path / "d.csv"
+    good = "\n".join(GOOD[:60]).encode()
+    p.write_bytes(b"text,label\n" + good + b"\n" + row + b"\n" + "\n".join(GOOD[60:]).encode())
+    out = _load(str(p), max_bad_fraction=0.05, label_names=("neg", "pos"))
+    assert sum(len(t) for t, _, _ in out.values()) == 100
+    err = capsys.readouterr().err
+    assert err.startswith("warning: ") and f"1 of 101 rows malformed: line 62: {reason}" in err
+    with pytest.raises(UserError, match=f"line 62: {reason}.*data.max_bad_fraction=0.005"):
+        _load(str(p), max_bad_fraction=0.005, label_names=("neg", "pos"))
+
+
+def test_threshold_and_first_few_listed(tmp_path, capsys):
+    lines = ["text,label", *GOOD[:90]] + [f",pos{i}" for i in range(10)]  # 10 of 100 bad
+    path = _csv(tmp_path, lines)
+    _load(path, max_bad_fraction=0.1)  # exactly at the threshold: a warning
+    err = capsys.readouterr().err
+    assert "10 of 100 rows malformed: line 92: empty text; line 93: empty text" in err
+    assert "(and 5 more)" in err
+    with pytest.raises(UserError, match="10 of 100 rows malformed.*more than"):
+        _load(path, max_bad_fraction=0.09)
+
+
+def test_tsv_keeps_quotes_as_text(tmp_path):
+    lines = ["id\ttext\tlabel"] + [f'{i}\tsaid "hi {i}\tx{i % 2}' for i in range(100)]
+    out = _load(_csv(tmp_path, lines, name="d.tsv"))
+    texts = [t for ts, _, _ in out.values() for t in ts]
+    assert sorted(texts) == sorted(f'said "hi {i}' for i in range(100))
+
+
+def test_jsonl(tmp_path, capsys):
+    rows = [json.dumps({"review": f"text {i} 😀", "stars": i % 5}) for i in range(100)]
+    rows[10] = "{broken"
+    rows[20] = "[1, 2]"
+    rows[30] = json.dumps({"review": 5, "stars": 1})
+    p = tmp_path / "d.jsonl"
+    p.write_bytes(("\r\n".join(rows[:50]) + "\n\n" + "\n".join(rows[50:])).encode())
+    out = _load(str(p), text_field="review", label_field="stars", max_bad_fraction=0.05)
+    assert out["train"][2] == ("0", "1", "2", "3", "4")
+    err = capsys.readouterr().err
+    assert "3 of 100 rows malformed: line 11: invalid JSON" in err
+    assert "line 21: not a JSON object; line 31: text is a int, not a string" in err
+    assert sum(len(t) for t, _, _ in out.values()) == 97
+
+
+def test_folder_with_split_subfolders(tmp_path):
+    for split, n in (("train", 60), ("test", 20)):
+        for label in ("pos", "neg", "unsup"):
+            d = tmp_path / split / label
+            d.mkdir(parents=True)
+            for i in range(n):
+                (d / f"{i}_7.txt").write_text(f"{split} {label} review {i}\r\n")
+    out = _load(str(tmp_path))
+    assert out["train"][2] == ("neg", "pos")
+    assert len(out["test"][0]) == 40 and len(out["train"][0]) + len(out["validation"][0]) == 120
+    assert all(t.startswith("test ") for t in out["test"][0])
+    assert all(chinese_reviews.hash_fraction(t) >= 0.9 for t in out["validation"][0])
+    for texts, labels, names in out.values():
+        assert all(t.split()[1] == names[y] for t, y in zip(texts, labels, strict=True))
+
+
+def test_flat_folder_and_bad_file_named(tmp_path, capsys):
+    for label in ("good", "bad"):
+        (tmp_path / label).mkdir()
+        for i in range(50):
+            (tmp_path / label / f"{i}.txt").write_text(f"{label} {i}")
+    (tmp_path / "bad" / "empty.txt").write_text("  \n")
+    out = _load(str(tmp_path), max_bad_fraction=0.02)
+    assert sum(len(t) for t, _, _ in out.values()) == 100 and out["test"][2] == ("bad", "good")
+    assert "bad/empty.txt: empty text" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda d: str(d / "nope.csv"), "does not exist"),
+        (lambda d: _csv(d, []), "is empty"),
+        (lambda d: _csv(d, ["", "  "]), "is empty"),
+        (lambda d: _csv(d, ["text,label"]), "header but no data rows"),
+        (lambda d: _csv(d, ["review,label", "a,b"]), r"no column 'text' \(data.text_field\)"),
+        (lambda d: _csv(d, ["text,stars", "a,b"]), r"no column 'label' \(data.label_field\)"),
+        (lambda d: _csv(d, ['{"x": 1}'], name="d.jsonl"), "no row has the field 'text'"),
+        (lambda d: _csv(d, ["a,b"], name="d.xlsx"), "unknown file type '.xlsx'"),
+        (lambda d: str(d), "has no <label>/\\*.txt files"),
+        (lambda d: "", "data.path is empty"),
+    ],
+)
+def test_file_level_errors(tmp_path, make, match):
+    with pytest.raises(UserError, match=match):
+        _load(make(tmp_path))
+
+
+def test_binary_file(tmp_path):
+    p = tmp_path / "d.csv"
+    p.write_bytes(bytes(range(256)) * 40)
+    with pytest.raises(UserError, match="looks binary"):
+        _load(str(p))
+    p.write_text("text,label\nhello,pos\n", encoding="utf-16")
+    with pytest.raises(UserError, match="looks binary"):
+        _load(str(p))
+
+
+def test_bad_arguments_and_tiny_split(tmp_path):
+    path = _csv(tmp_path, ["text,label", "a,pos", "b,neg"])
+    with pytest.raises(UserError, match="max_bad_fraction must be in"):
+        _load(path, max_bad_fraction=1.5)
+    with pytest.raises(UserError, match="split='dev'"):
+        user_data.load_split(path, "dev")
+    empty = next(s for s, (t, _, _) in _load(path).items() if not t)
+    with pytest.raises(UserError, match=f"split '{empty}' is empty"):
+        user_data.load_split(path, empty)
