@@ -60,6 +60,7 @@ def train_batches(
     """
     if start_step < 0:
         raise ValueError(f"start_step must be >= 0, got {start_step}")
+    labels = np.asarray(labels, np.int32)
     rng = np.random.default_rng([seed, epoch])
     perm = rng.permutation(len(encoded))
     lengths = np.array([len(s) for s in encoded], np.int64)
@@ -85,6 +86,7 @@ def eval_batches(
     max_len: int,
 ) -> Iterator[Batch]:
     """Every example exactly once (filler rows have weight 0), sorted by length to pad little."""
+    labels = np.asarray(labels, np.int32)
     lengths = np.array([len(s) for s in encoded], np.int64)
     order = np.argsort(lengths, kind="stable")
     sizes = bucket_sizes(buckets, max_len)
@@ -109,7 +111,7 @@ def _make_batch(
     index = np.full(batch_size, -1, np.int32)
     index[:n] = idx
     label = np.zeros(batch_size, np.int32)
-    label[:n] = np.asarray(labels)[idx]
+    label[:n] = labels[idx]
     weight = np.zeros(batch_size, np.float32)
     weight[:n] = 1.0
     return {

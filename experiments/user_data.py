@@ -156,9 +156,12 @@ def _check_rows(
     return good, bad
 
 
+# `surrogateescape` decoding maps each invalid byte to a lone surrogate U+DC80..U+DCFF.
+_UNDECODABLE = re.compile("[\udc80-\udcff]")
+
+
 def _has_undecodable(s: str) -> bool:
-    # `surrogateescape` decoding maps each invalid byte to a lone surrogate U+DC80..U+DCFF.
-    return any("\udc80" <= c <= "\udcff" for c in s)
+    return _UNDECODABLE.search(s) is not None
 
 
 def _decode(raw: bytes) -> str:
