@@ -6,7 +6,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 import ml_collections
-from absl import app, flags
+from absl import app, flags, logging
 
 from experiments.errors import UserError, run_cli
 
@@ -69,4 +69,9 @@ def main(fn: Callable[[list[str]], object]) -> None:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
 
-    app.run(lambda argv: run_cli(lambda: fn(argv)), flags_parser=parse)
+    def run(argv: list[str]) -> None:
+        # Orbax and TFDS log every file they touch at INFO; users want the bar and the results.
+        logging.set_verbosity(logging.WARNING)
+        run_cli(lambda: fn(argv))
+
+    app.run(run, flags_parser=parse)

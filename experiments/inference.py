@@ -62,8 +62,9 @@ def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
             f"{cfg.vocab_size}; the workdir is inconsistent"
         )
     # The optimizer state's structure does not depend on the schedule, so one step will do.
-    tx = steps.make_optimizer(config.optim, total_steps=1)
-    target = jax.eval_shape(steps.init_state, jax.random.PRNGKey(0), cfg, tx)
+    tx = steps.make_optimizer(config.optim, total_steps=2)
+    init = functools.partial(steps.init_state, cfg=cfg, tx=tx)
+    target = jax.eval_shape(init, jax.random.PRNGKey(0))
     state, _ = checkpoints.restore(mngr, step, target)
     return Trained(config, cfg, state["params"], tok, tuple(meta["label_names"]), step)
 
@@ -74,11 +75,22 @@ def _forward(params, tokens_BxL, *, cfg):
     return jax.nn.softmax(logits_BxC), aux
 
 
+def check_text(text: str) -> str:
+    """The text itself, or a UserError saying why it cannot be classified."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UserError("text is not valid UTF-8") from None
+    if not text.strip():
+        raise UserError("text is empty")
+    return text
+
+
 def encode(trained: Trained, text: str) -> np.ndarray:
     """Token ids of one text as the model saw them in training (truncation, CLS)."""
     return batching.encode_all(
         trained.tokenizer,
-        [text],
+        [check_text(text)],
         max_len=trained.cfg.max_len,
         add_cls=trained.cfg.pooling == "cls",
     )[0]

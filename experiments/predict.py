@@ -22,19 +22,8 @@ _TOP = flags.DEFINE_integer("top", 5, "How many most-attended tokens to show.")
 _JSON = flags.DEFINE_boolean("json", False, "Print one JSON object per text instead of text.")
 
 
-def check_text(text: str) -> str:
-    """The text itself, or a UserError saying why it cannot be classified."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise UserError("text is not valid UTF-8") from None
-    if not text.strip():
-        raise UserError("text is empty")
-    return text
-
-
 def predict_one(trained: inference.Trained, text: str, top: int) -> dict:
-    ids_L = inference.encode(trained, check_text(text))
+    ids_L = inference.encode(trained, text)
     result = inference.analyse(trained, ids_L)
     probs_C, received_L = result["probs"], result["received"]
     tokens = trained.tokenizer.tokens(ids_L.tolist())

@@ -12,7 +12,6 @@ from absl import flags
 
 from experiments import cli, inference, plots
 from experiments.errors import UserError
-from experiments.predict import check_text
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A workdir written by experiments.train.")
 _OUT = flags.DEFINE_string("out", None, "Output directory; default DIR/visualize.")
@@ -25,7 +24,7 @@ def visualize(workdir: str, texts: list[str], out: str, max_tokens: int = 64) ->
     os.makedirs(out, exist_ok=True)
     written, rows = [], []
     for n, text in enumerate(texts, 1):
-        ids_L = inference.encode(trained, check_text(text))
+        ids_L = inference.encode(trained, text)
         result = inference.analyse(trained, ids_L)
         tokens = trained.tokenizer.tokens(ids_L.tolist())
         label = trained.label_names[int(result["probs"].argmax())]
