@@ -138,14 +138,23 @@ class JitTest(chex.TestCase):
     def test_same_with_and_without_jit(self):
         q, k, v = _inputs(9)
         mask = _mask(9)
-        p = _params("additive")
-        f = self.variant(
-            lambda q, k, v, m, p: attention(q, k, v, m, score="additive", score_params=p)
-        )
-        out, w = f(q, k, v, mask, p)
-        out_ref, w_ref = reference.attention(q, k, v, mask, score="additive", score_params=p)
-        np.testing.assert_allclose(out, out_ref, atol=1e-5)
-        np.testing.assert_allclose(w, w_ref, atol=1e-5)
+        for implementation, name in [
+            ("matrix", "additive"),
+            ("chunked", "mlp"),
+            ("xla", "scaled_dot"),
+        ]:
+            p = _params(name)
+            kw = dict(score=name, implementation=implementation, q_chunk=2, k_chunk=3)
+            f = self.variant(
+                lambda q, k, v, m, p, kw=kw: attention(q, k, v, m, score_params=p, **kw)
+            )
+            out, w = f(q, k, v, mask, p)
+            out_ref, w_ref = reference.attention(q, k, v, mask, score=name, score_params=p)
+            np.testing.assert_allclose(out, out_ref, atol=1e-5)
+            if implementation == "matrix":
+                np.testing.assert_allclose(w, w_ref, atol=1e-5)
+            else:
+                assert w is None
 
 
 @pytest.mark.parametrize("implementation", ["matrix", "chunked", "xla"])

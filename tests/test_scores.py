@@ -1,0 +1,54 @@
+"""attn.scores: lookup, init shapes, dtypes and closed-form special cases."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attn import scores
+
+
+def _qk(seed=0, dtype=jnp.float32):
+    r = np.random.default_rng(seed)
+    return jnp.asarray(r.normal(size=(3, 4)), dtype), jnp.asarray(r.normal(size=(5, 4)), dtype)
+
+
+def test_lookup_by_name_score_and_callable():
+    for name in ("dot", "scaled_dot", "general", "additive", "mlp"):
+        sc = scores.get_score(name)
+        assert sc.name == name and sc.fn is getattr(scores, name)
+        assert scores.get_score(sc) is sc
+    fn = lambda p, q, k: q @ k.T
+    sc = scores.get_score(fn)
+    assert sc.fn is fn and not sc.has_params and sc.init(jax.random.key(0), 4) is None
+
+
+@pytest.mark.parametrize("name", ["additive", "mlp"])
+def test_init_hidden_size_and_output_shape(name):
+    sc = scores.get_score(name)
+    p = sc.init(jax.random.key(0), 4, hidden=7)
+    assert all(7 in x.shape for x in jax.tree.leaves(p))
+    q, k = _qk()
+    assert sc.fn(p, q, k).shape == (3, 5)
+
+
+def test_scaled_dot_and_general_closed_forms():
+    q, k = _qk(1)
+    np.testing.assert_allclose(scores.scaled_dot(None, q, k), q @ k.T / 2.0, atol=1e-6)
+    w = {"w_DxD": jnp.eye(4)}
+    np.testing.assert_allclose(scores.general(w, q, k), scores.dot(None, q, k), atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["dot", "scaled_dot", "general", "additive", "mlp"])
+def test_bfloat16_inputs_give_float32_scores(name):
+    sc = scores.get_score(name)
+    q, k = _qk(2, jnp.bfloat16)
+    s = sc.fn(sc.init(jax.random.key(0), 4), q, k)
+    assert s.dtype == jnp.float32
+
+
+def test_unknown_name_lists_valid_names():
+    with pytest.raises(
+        ValueError, match=r"score must be one of .*'additive'.*'scaled_dot'.*'dotx'"
+    ):
+        scores.get_score("dotx")
