@@ -9,12 +9,12 @@ data.max_len, which is also shown as the fraction of texts it cuts).
 from typing import Any
 
 import numpy as np
+from absl import flags
 from ml_collections import config_flags
 
 from experiments import cli, datasets, tokenizers
 from experiments.errors import UserError
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file[:variant].")
 _PERCENTILES = (50, 90, 99, 100)
 
 
@@ -57,12 +57,18 @@ def describe(data_cfg: Any) -> str:
     return "\n".join(lines)
 
 
+def define_flags() -> None:
+    """Flags are defined only when run as a script, so notebooks can import every entry point."""
+    config_flags.DEFINE_config_file("config", None, "Path to a config file[:variant].")
+
+
 def main(argv: list[str]) -> None:
     del argv
-    if _CONFIG.value is None:
+    if flags.FLAGS.config is None:
         raise UserError("--config is required, e.g. --config=configs/default.py")
-    print(describe(_CONFIG.value.data))
+    print(describe(flags.FLAGS.config.data))
 
 
 if __name__ == "__main__":
+    define_flags()
     cli.main(main)

@@ -13,12 +13,6 @@ from absl import flags
 from experiments import batching, checkpoints, cli, datasets, evaluation, inference
 from experiments.errors import UserError
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "A workdir written by experiments.train.")
-_SPLIT = flags.DEFINE_enum("split", "test", ["train", "validation", "test"], "Split to evaluate.")
-_CHECKPOINT = flags.DEFINE_enum(
-    "checkpoint", checkpoints.BEST, [checkpoints.BEST, checkpoints.LAST], "Which checkpoint."
-)
-
 
 def evaluate_workdir(workdir: str, split: str, which: str = checkpoints.BEST) -> dict:
     trained = inference.load(workdir, which)
@@ -62,14 +56,25 @@ def format_table(result: dict, label_names: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
+def define_flags() -> None:
+    """Flags are defined only when run as a script, so notebooks can import every entry point."""
+    flags.DEFINE_string("workdir", None, "A workdir written by experiments.train.")
+    flags.DEFINE_enum("split", "test", ["train", "validation", "test"], "Split to evaluate.")
+    flags.DEFINE_enum(
+        "checkpoint", checkpoints.BEST, [checkpoints.BEST, checkpoints.LAST], "Which checkpoint."
+    )
+
+
 def main(argv: list[str]) -> None:
-    if not _WORKDIR.value:
+    FLAGS = flags.FLAGS
+    if not FLAGS.workdir:
         raise UserError("--workdir=DIR is required")
-    result = evaluate_workdir(_WORKDIR.value, _SPLIT.value, _CHECKPOINT.value)
-    print(f"{_SPLIT.value} split, checkpoint step {result['step']}")
+    result = evaluate_workdir(FLAGS.workdir, FLAGS.split, FLAGS.checkpoint)
+    print(f"{FLAGS.split} split, checkpoint step {result['step']}")
     print(format_table(result, tuple(result["label_names"])))
-    print(f"written: {os.path.join(_WORKDIR.value, f'eval_{_SPLIT.value}.json')}")
+    print(f"written: {os.path.join(FLAGS.workdir, f'eval_{FLAGS.split}.json')}")
 
 
 if __name__ == "__main__":
+    define_flags()
     cli.main(main)

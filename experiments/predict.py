@@ -17,10 +17,6 @@ from absl import flags
 from experiments import cli, inference
 from experiments.errors import UserError
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "A workdir written by experiments.train.")
-_TOP = flags.DEFINE_integer("top", 5, "How many most-attended tokens to show.")
-_JSON = flags.DEFINE_boolean("json", False, "Print one JSON object per text instead of text.")
-
 
 def predict_one(trained: inference.Trained, text: str, top: int) -> dict:
     ids_L = inference.encode(trained, text)
@@ -42,22 +38,30 @@ def read_stdin_lines() -> list[str]:
     return data.decode("utf-8", errors="surrogateescape").splitlines()
 
 
+def define_flags() -> None:
+    """Flags are defined only when run as a script, so notebooks can import every entry point."""
+    flags.DEFINE_string("workdir", None, "A workdir written by experiments.train.")
+    flags.DEFINE_integer("top", 5, "How many most-attended tokens to show.")
+    flags.DEFINE_boolean("json", False, "Print one JSON object per text instead of text.")
+
+
 def main(argv: list[str]) -> None:
-    if not _WORKDIR.value:
+    FLAGS = flags.FLAGS
+    if not FLAGS.workdir:
         raise UserError("--workdir=DIR is required")
     texts = argv[1:] or read_stdin_lines()
     if not texts:
         raise UserError("no text given: pass texts as arguments or one per line on stdin")
-    trained = inference.load(_WORKDIR.value)
+    trained = inference.load(FLAGS.workdir)
     failed = 0
     for n, text in enumerate(texts, 1):
         try:
-            p = predict_one(trained, text, _TOP.value)
+            p = predict_one(trained, text, FLAGS.top)
         except UserError as e:
             failed += 1
             print(f"error: text {n}: {e}", file=sys.stderr)
             continue
-        if _JSON.value:
+        if FLAGS.json:
             print(json.dumps(p, ensure_ascii=False))
         else:
             top = " ".join(f"{t}({w:.2f})" for t, w in p["top_tokens"])
@@ -67,4 +71,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     cli.main(main)

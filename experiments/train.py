@@ -22,7 +22,16 @@ from ml_collections import config_flags
 from tqdm import tqdm
 
 from attn import classifier
-from experiments import batching, checkpoints, cli, datasets, evaluation, steps, tokenizers
+from experiments import (
+    batching,
+    checkpoints,
+    cli,
+    datasets,
+    evaluation,
+    plots,
+    steps,
+    tokenizers,
+)
 from experiments.errors import UserError
 from experiments.metrics_log import MetricsLog
 
@@ -223,27 +232,27 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     return test
 
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file[:variant].")
-_WORKDIR = flags.DEFINE_string(
-    "workdir", None, "Directory for checkpoints, vocabulary and metrics."
-)
+def define_flags() -> None:
+    """Flags are defined only when run as a script, so notebooks can import every entry point."""
+    config_flags.DEFINE_config_file("config", None, "Path to a config file[:variant].")
+    flags.DEFINE_string("workdir", None, "Directory for checkpoints, vocabulary and metrics.")
 
 
 def main(argv: list[str]) -> None:
-    if _CONFIG.value is None or not _WORKDIR.value:
+    config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
+    if config is None or not workdir:
         raise UserError("both --config=configs/<name>.py and --workdir=DIR are required")
     start = time.perf_counter()
-    test = train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-    from experiments import plots
-
-    curves = plots.plot_curves(_WORKDIR.value)
+    test = train_and_evaluate(config, workdir)
+    curves = plots.plot_curves(workdir)
     print(
         f"test accuracy {test['accuracy']:.4f}  macro-F1 {test['macro_f1']:.4f}  "
         f"({test['num_examples']} examples, best step {test['step']}, "
         f"{time.perf_counter() - start:.0f} s)"
     )
-    print(f"curves: {curves}\nresults: {os.path.join(_WORKDIR.value, 'eval_test.json')}")
+    print(f"curves: {curves}\nresults: {os.path.join(workdir, 'eval_test.json')}")
 
 
 if __name__ == "__main__":
+    define_flags()
     cli.main(main)

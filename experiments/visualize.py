@@ -13,10 +13,6 @@ from absl import flags
 from experiments import cli, inference, plots
 from experiments.errors import UserError
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "A workdir written by experiments.train.")
-_OUT = flags.DEFINE_string("out", None, "Output directory; default DIR/visualize.")
-_MAX_TOKENS = flags.DEFINE_integer("max_tokens", 64, "Tokens shown on heatmap axes.")
-
 
 def visualize(workdir: str, texts: list[str], out: str, max_tokens: int = 64) -> list[str]:
     """Writes the plots for `texts`; returns the paths written."""
@@ -41,15 +37,24 @@ def visualize(workdir: str, texts: list[str], out: str, max_tokens: int = 64) ->
     return written
 
 
+def define_flags() -> None:
+    """Flags are defined only when run as a script, so notebooks can import every entry point."""
+    flags.DEFINE_string("workdir", None, "A workdir written by experiments.train.")
+    flags.DEFINE_string("out", None, "Output directory; default DIR/visualize.")
+    flags.DEFINE_integer("max_tokens", 64, "Tokens shown on heatmap axes.")
+
+
 def main(argv: list[str]) -> None:
-    if not _WORKDIR.value:
+    FLAGS = flags.FLAGS
+    if not FLAGS.workdir:
         raise UserError("--workdir=DIR is required")
     if len(argv) < 2:
         raise UserError('give at least one text, e.g. visualize --workdir=DIR "很好看"')
-    out = _OUT.value or os.path.join(_WORKDIR.value, "visualize")
-    for path in visualize(_WORKDIR.value, argv[1:], out, _MAX_TOKENS.value):
+    out = FLAGS.out or os.path.join(FLAGS.workdir, "visualize")
+    for path in visualize(FLAGS.workdir, argv[1:], out, FLAGS.max_tokens):
         print(path)
 
 
 if __name__ == "__main__":
+    define_flags()
     cli.main(main)
