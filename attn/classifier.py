@@ -85,6 +85,11 @@ class ModelConfig:
         rate("embed_dropout")
         choice("score", scores.SCORES)
         choice("implementation", IMPLEMENTATIONS)
+        if self.implementation == "xla" and self.score != "scaled_dot":
+            raise ValueError(
+                f"ModelConfig.implementation='xla' supports only score='scaled_dot'; "
+                f"got ModelConfig.score={self.score!r}"
+            )
         integer("q_chunk", 1)
         integer("k_chunk", 1)
         integer("ngram_buckets", 0)

@@ -48,9 +48,12 @@ class SelfAttention(nn.Module):
     def __call__(self, x: jax.Array, mask: jax.Array | None = None, return_weights: bool = False):
         d_model = x.shape[-1]
         make = functools.partial(
-            multihead.init, d_model=d_model, num_heads=self.num_heads, score=self.score,
+            multihead.init,
+            d_model=d_model,
+            num_heads=self.num_heads,
+            score=self.score,
             dtype=self.param_dtype,
-        )  # fmt: skip
+        )
         # One linen param per top-level entry keeps variables["params"] identical to the pure tree;
         # each entry's init builds the whole (small) tree and keeps its own part.
         names = jax.eval_shape(make, jax.random.key(0)).keys()
