@@ -99,10 +99,11 @@ class ModelConfig:
             or not hasattr(orders, "__iter__")
             or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in orders)
             or any(n < 1 for n in orders)
+            or len(set(orders)) != len(orders)
             or (self.ngram_buckets > 0 and len(orders) == 0)
         ):
             raise ValueError(
-                "ModelConfig.ngram_orders must be a non-empty tuple of integers >= 1; "
+                "ModelConfig.ngram_orders must be a non-empty tuple of distinct integers >= 1; "
                 f"got {orders!r}"
             )
         object.__setattr__(self, "ngram_orders", tuple(int(n) for n in orders))

@@ -53,6 +53,8 @@ def dropout(x: jax.Array, rate: float, *, train: bool, rng: jax.Array | None) ->
     return jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros((), x.dtype))
 
 
-def embed_init(key: jax.Array, n: int, d: int, *, stddev: float = 1.0, dtype=jnp.float32):
+def embed_init(
+    key: jax.Array, n: int, d: int, *, stddev: float = 1.0, dtype=jnp.float32
+) -> jax.Array:
     """Embedding table [n, d] ~ N(0, stddev²)."""
     return stddev * jax.random.normal(key, (n, d), dtype)

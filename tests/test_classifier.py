@@ -238,6 +238,7 @@ def test_other_implementations_match_matrix(implementation):
         ("ngram_buckets", -1),
         ("ngram_orders", (0, 2)),
         ("ngram_orders", "23"),
+        ("ngram_orders", (2, 2)),
         ("dtype", "float16"),
     ],
 )

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.test_util import check_grads
 
 from attn import multihead, reference
 
@@ -89,3 +90,15 @@ def test_indivisible_heads_raise_naming_both():
     params = multihead.init(jax.random.key(0), 12, 3)
     with pytest.raises(ValueError, match=r"d_model=12.*num_heads=5"):
         multihead.apply(params, jnp.zeros((4, 12)), None, num_heads=5)
+
+
+def test_check_grads_through_heads_and_score_params():
+    with jax.enable_x64(True):
+        params = multihead.init(jax.random.key(6), D, H, score="general", dtype=jnp.float64)
+        x_LxD = jax.random.normal(jax.random.key(7), (L, D), jnp.float64)
+        mask_L = jnp.arange(L) < 5
+
+        def f(p, x):
+            return multihead.apply(p, x, mask_L, num_heads=H, score="general")[0]
+
+        check_grads(jax.jit(f), (params, x_LxD), order=1, modes=("rev",))
