@@ -194,6 +194,7 @@ def apply(
     does not materialise weights ("chunked", "xla"); "pool_weights": [B, r, L] or None;
     "penalty": float32 scalar ‖AAᵀ − I‖²_F averaged over non-empty sequences (0 unless structured)}.
     """
+    tokens_BxL = jnp.asarray(tokens_BxL)
     if tokens_BxL.ndim != 2 or not jnp.issubdtype(tokens_BxL.dtype, jnp.integer):
         raise ValueError(
             f"tokens must be an integer array [batch, length]; got {tokens_BxL.dtype}"

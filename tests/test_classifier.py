@@ -17,8 +17,6 @@ TOKENS = jnp.array(
     [[2, 5, 9, 7, 11, 0, 0, 0], [2, 4, 0, 0, 0, 0, 0, 0], [2, 8, 3, 3, 6, 12, 13, 9]]
 )
 POOLINGS = ("cls", "mean", "max", "structured")
-# Compiling once is much cheaper on CPU than the cold op-by-op dispatch of eager mode.
-_apply = jax.jit(classifier.apply, static_argnums=2, static_argnames="train")
 
 
 def _cfg(**kw) -> ModelConfig:
@@ -27,7 +25,7 @@ def _cfg(**kw) -> ModelConfig:
 
 def _run(cfg, tokens=TOKENS, seed=0, **kw):
     params = classifier.init(jax.random.key(seed), cfg)
-    return _apply(params, tokens, cfg, **kw)
+    return classifier.apply(params, tokens, cfg, **kw)
 
 
 @pytest.mark.parametrize("pooling", POOLINGS)
@@ -52,10 +50,10 @@ def test_shapes(pooling, positions, ngram_buckets):
 
 
 def test_bfloat16_compute_gives_finite_float32_logits_close_to_float32():
-    cfg = _cfg(pooling="structured", ngram_buckets=11, num_layers=2)
+    cfg = _cfg(pooling="structured", ngram_buckets=11)
     params = classifier.init(jax.random.key(0), cfg)
-    lo16, aux = _apply(params, TOKENS, dataclasses.replace(cfg, dtype="bfloat16"))
-    lo32, _ = _apply(params, TOKENS, cfg)
+    lo16, aux = classifier.apply(params, TOKENS, dataclasses.replace(cfg, dtype="bfloat16"))
+    lo32, _ = classifier.apply(params, TOKENS, cfg)
     assert lo16.dtype == jnp.float32 and aux["penalty"].dtype == jnp.float32
     chex.assert_tree_all_finite(lo16)
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
@@ -68,8 +66,8 @@ def test_appending_padding_does_not_change_logits(pooling, positions):
     cfg = _cfg(pooling=pooling, positions=positions, ngram_buckets=13, num_layers=2)
     params = classifier.init(jax.random.key(1), cfg)
     padded = jnp.pad(TOKENS, ((0, 0), (0, 5)))
-    lo, aux = _apply(params, TOKENS, cfg)
-    lo_pad, aux_pad = _apply(params, padded, cfg)
+    lo, aux = classifier.apply(params, TOKENS, cfg)
+    lo_pad, aux_pad = classifier.apply(params, padded, cfg)
     np.testing.assert_allclose(lo, lo_pad, atol=1e-5)
     np.testing.assert_allclose(aux["penalty"], aux_pad["penalty"], rtol=1e-5)
 
@@ -134,8 +132,8 @@ def test_ngrams_change_logits_and_ignore_padding_positions():
     cfg = _cfg(ngram_buckets=13)
     params = classifier.init(jax.random.key(0), cfg)
     plain = {**params, "embed": {k: v for k, v in params["embed"].items() if k != "ngrams"}}
-    lo_n, _ = _apply(params, TOKENS, cfg)
-    lo, _ = _apply(plain, TOKENS, _cfg())
+    lo_n, _ = classifier.apply(params, TOKENS, cfg)
+    lo, _ = classifier.apply(plain, TOKENS, _cfg())
     assert not np.allclose(lo_n, lo, atol=1e-4)
     x = classifier.embed(params, TOKENS, cfg)
     x_plain = classifier.embed(plain, TOKENS, _cfg())
@@ -152,7 +150,7 @@ def test_too_long_input_with_learned_positions_raises():
 
 
 def _loss(params, tokens, labels, cfg, rng):
-    logits, aux = _apply(params, tokens, cfg, train=True, rng=rng)
+    logits, aux = classifier.apply(params, tokens, cfg, train=True, rng=rng)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
     return ce + 0.1 * aux["penalty"]
 
@@ -177,12 +175,12 @@ def test_train_requires_rng_and_dropout_depends_on_it():
     cfg = _cfg(dropout=0.3, embed_dropout=0.3)
     params = classifier.init(jax.random.key(0), cfg)
     with pytest.raises(ValueError, match="rng"):
-        _apply(params, TOKENS, cfg, train=True)
-    a, _ = _apply(params, TOKENS, cfg, train=True, rng=jax.random.key(1))
-    a2, _ = _apply(params, TOKENS, cfg, train=True, rng=jax.random.key(1))
-    b, _ = _apply(params, TOKENS, cfg, train=True, rng=jax.random.key(2))
-    e1, _ = _apply(params, TOKENS, cfg)
-    e2, _ = _apply(params, TOKENS, cfg, rng=jax.random.key(3))
+        classifier.apply(params, TOKENS, cfg, train=True)
+    a, _ = classifier.apply(params, TOKENS, cfg, train=True, rng=jax.random.key(1))
+    a2, _ = classifier.apply(params, TOKENS, cfg, train=True, rng=jax.random.key(1))
+    b, _ = classifier.apply(params, TOKENS, cfg, train=True, rng=jax.random.key(2))
+    e1, _ = classifier.apply(params, TOKENS, cfg)
+    e2, _ = classifier.apply(params, TOKENS, cfg, rng=jax.random.key(3))
     np.testing.assert_array_equal(a, a2)
     assert not np.allclose(a, b)
     np.testing.assert_array_equal(e1, e2)
@@ -205,8 +203,10 @@ def test_jit_and_no_jit_agree_and_config_is_a_static_arg():
 def test_other_implementations_match_matrix(implementation):
     cfg = _cfg(num_layers=2, q_chunk=3, k_chunk=2)
     params = classifier.init(jax.random.key(7), cfg)
-    lo_m, _ = _apply(params, TOKENS, cfg)
-    lo_c, aux = _apply(params, TOKENS, dataclasses.replace(cfg, implementation=implementation))
+    lo_m, _ = classifier.apply(params, TOKENS, cfg)
+    lo_c, aux = classifier.apply(
+        params, TOKENS, dataclasses.replace(cfg, implementation=implementation)
+    )
     np.testing.assert_allclose(lo_m, lo_c, atol=1e-5)
     assert aux["attention"] is None
 
