@@ -1,0 +1,162 @@
+"""Shared fixtures: a persistent JAX compile cache, prepared embedded data, a trained workdir.
+
+Every training run of `configs/default.py:tiny` compiles the same few programs; the persistent
+cache (shared by xdist workers and by the CLI subprocesses, which inherit the environment) turns
+each recompile into a disk read, so a tiny run costs a few seconds instead of ~20 s of CPU.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+WALL_CLOCK = ("examples_per_sec", "input_wait_fraction")  # metrics that differ run to run
+
+_CACHE = os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR",
+    os.path.join(tempfile.gettempdir(), f"attn-tests-jax-cache-{os.getuid()}"),
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+jax.config.update("jax_compilation_cache_dir", _CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def tiny_config(data_dir: str, **overrides) -> ml_collections.ConfigDict:
+    """`configs/default.py:tiny` reading the prepared data; overrides as `section__field=value`."""
+    from configs import default
+
+    config = default.get_config("tiny")
+    config.unlock()
+    config.data.data_dir = data_dir
+    for key, value in overrides.items():
+        section, field = key.split("__")
+        config[section][field] = value
+    return config
+
+
+def tiny_flags(data_dir: str) -> list[str]:
+    """The command-line equivalent of `tiny_config(data_dir)`."""
+    return ["--config=configs/default.py:tiny", f"--config.data.data_dir={data_dir}"]
+
+
+def run(
+    module: str,
+    *args: str,
+    stdin: bytes | None = None,
+    env: dict | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess:
+    """Runs `python -m module args` from the repository root; output as text (bytes replaced)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        input=stdin if stdin is not None else b"",
+        capture_output=True,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
+    return subprocess.CompletedProcess(
+        proc.args,
+        proc.returncode,
+        proc.stdout.decode("utf-8", "replace"),
+        proc.stderr.decode("utf-8", "replace"),
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> str:
+    """Non-zero exit, no traceback, exactly one `error:` line on stderr (the last line)."""
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    assert proc.returncode != 0, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert len(errors) == 1 and lines[-1] == errors[0], proc.stderr
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+    return errors[0]
+
+
+def tree_hash(directory: str, exclude: tuple[str, ...] = ()) -> dict[str, str]:
+    """{relative path: sha256} of every file and directory under `directory`."""
+    out = {}
+    for root, dirs, files in os.walk(directory):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            rel = os.path.relpath(path, directory)
+            if rel.split(os.sep)[0] in exclude:
+                continue
+            if os.path.isdir(path):
+                out[rel] = "dir"
+            else:
+                out[rel] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return out
+
+
+def metric_rows(workdir: str) -> list[dict]:
+    """metrics.jsonl without the wall-clock fields."""
+    with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    return [{k: v for k, v in r.items() if k not in WALL_CLOCK} for r in rows]
+
+
+def saved_state(workdir: str, step: int, which: str = "checkpoints") -> dict:
+    """The raw train state (params, optimizer state, step, rng) of one checkpoint."""
+    import orbax.checkpoint as ocp
+
+    from experiments import checkpoints
+
+    mngr = checkpoints.manager(workdir, which, keep=100)
+    args = ocp.args.Composite(state=ocp.args.StandardRestore())
+    return mngr.restore(step, args=args)["state"]
+
+
+def assert_trees_equal(a, b) -> None:
+    """Same structure, and every leaf bitwise equal."""
+    leaves_a, tree_a = jax.tree.flatten(a)
+    leaves_b, tree_b = jax.tree.flatten(b)
+    assert tree_a == tree_b
+    for x, y in zip(leaves_a, leaves_b, strict=True):
+        x, y = np.asarray(x), np.asarray(y)
+        assert x.dtype == y.dtype and x.shape == y.shape
+        assert x.tobytes() == y.tobytes()
+
+
+@pytest.fixture(scope="session")
+def tfds_dir(tmp_path_factory) -> str:
+    """A TFDS data_dir with chinese_reviews prepared (a few seconds, once per worker)."""
+    from experiments import datasets
+
+    path = str(tmp_path_factory.mktemp("tfds"))
+    datasets.load_split(tiny_config(path).data, "test")
+    return path
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory, tfds_dir) -> str:
+    """A workdir after an uninterrupted in-process run of configs/default.py:tiny (6 steps).
+
+    Read-only for tests: copy it (`trained_copy`) before anything that may write.
+    """
+    from experiments import train
+
+    workdir = str(tmp_path_factory.mktemp("trained") / "run")
+    train.train_and_evaluate(tiny_config(tfds_dir), workdir)
+    return workdir
+
+
+@pytest.fixture
+def trained_copy(trained, tmp_path) -> str:
+    workdir = str(tmp_path / "copy")
+    shutil.copytree(trained, workdir)
+    return workdir

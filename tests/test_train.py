@@ -1,0 +1,148 @@
+"""Issue 4: a tiny end-to-end run on the embedded data, resume, multi-device, model mismatch."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from conftest import (
+    ROOT,
+    assert_trees_equal,
+    metric_rows,
+    saved_state,
+    tiny_config,
+    tree_hash,
+)
+
+from experiments import evaluate, inference, predict, steps, train, visualize
+from experiments.errors import UserError
+
+EVAL_KEYS = {"accuracy", "macro_f1", "loss", "confusion", "num_examples"}
+
+
+def test_training_writes_checkpoints_metrics_and_test_results(trained):
+    with open(os.path.join(trained, "eval_test.json"), encoding="utf-8") as f:
+        test = json.load(f)
+    assert EVAL_KEYS <= set(test)
+    assert test["num_examples"] == 1726 and np.sum(test["confusion"]) == 1726
+    assert 0.0 <= test["accuracy"] <= 1.0 and np.isfinite(test["loss"])
+    assert sorted(os.listdir(os.path.join(trained, "checkpoints"))) == ["3", "6"]
+    assert len(os.listdir(os.path.join(trained, "best"))) == 1
+    for name in ("vocab.txt", "tokenizer.json", "config.json"):
+        assert os.path.getsize(os.path.join(trained, name)) > 0
+    rows = metric_rows(trained)
+    assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in rows if r["split"] == "validation"] == [3, 6]
+    assert all(np.isfinite(r["loss"]) and r["skipped_steps"] == 0 for r in rows if "grad_norm" in r)
+    assert int(saved_state(trained, 6)["step"]) == 6
+
+
+def test_evaluate_predict_visualize(trained_copy, tmp_path):
+    result = evaluate.evaluate_workdir(trained_copy, "validation")
+    assert EVAL_KEYS <= set(result)
+    assert result["num_examples"] == 1759
+    with open(os.path.join(trained_copy, "eval_validation.json"), encoding="utf-8") as f:
+        assert json.load(f)["accuracy"] == result["accuracy"]
+    # The best checkpoint's validation accuracy is the one logged when it was saved.
+    best = max(r["accuracy"] for r in metric_rows(trained_copy) if r["split"] == "validation")
+    assert result["accuracy"] == pytest.approx(best, abs=1e-6)
+
+    trained = inference.load(trained_copy)
+    p = predict.predict_one(trained, "这本书很好看，推荐", top=3)
+    assert p["label"] in ("neg", "pos") and 0.5 <= p["probability"] <= 1.0
+    assert len(p["top_tokens"]) == 3 and p["num_tokens"] == 9
+    assert {t for t, _ in p["top_tokens"]} <= set("这本书很好看，推荐")
+
+    out = str(tmp_path / "vis")
+    written = visualize.visualize(trained_copy, ["很好看", "质量太差了"], out)
+    cfg = trained.cfg
+    pngs = sorted(f for f in os.listdir(out) if f.endswith(".png"))
+    assert pngs == sorted(
+        f"text{n}_layer{layer}_head{head}.png"
+        for n in (1, 2)
+        for layer in range(cfg.num_layers)
+        for head in range(cfg.num_heads)
+    )
+    assert os.path.join(out, "attention.html") in written
+    assert os.path.join(trained_copy, "curves.png") in written
+    for path in written:
+        with open(path, "rb") as f:
+            head = f.read(8)
+        assert head == b"\x89PNG\r\n\x1a\n" or path.endswith(".html")
+    html = open(os.path.join(out, "attention.html"), encoding="utf-8").read()
+    assert "质" in html and "text 2" in html
+
+
+def test_resume_after_interrupt_matches_uninterrupted_run(trained, tfds_dir, tmp_path, monkeypatch):
+    workdir = str(tmp_path / "run")
+    real_step, calls = steps.train_step, []
+
+    def interrupted_at_step_5(*args, **kw):
+        calls.append(1)
+        if len(calls) == 5:  # after the step-3 checkpoint, with step 4 done and logged
+            raise KeyboardInterrupt
+        return real_step(*args, **kw)
+
+    monkeypatch.setattr(train.steps, "train_step", interrupted_at_step_5)
+    with pytest.raises(KeyboardInterrupt):
+        train.train_and_evaluate(tiny_config(tfds_dir), workdir)
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["3"]
+    assert max(r["step"] for r in metric_rows(workdir)) == 4
+
+    monkeypatch.setattr(train.steps, "train_step", real_step)
+    train.train_and_evaluate(tiny_config(tfds_dir), workdir)
+    assert metric_rows(workdir) == metric_rows(trained)
+    assert_trees_equal(saved_state(workdir, 6), saved_state(trained, 6))
+
+
+def test_checkpoint_of_another_model_is_refused_naming_fields(trained_copy, tfds_dir):
+    before = tree_hash(trained_copy)
+    config = tiny_config(tfds_dir, model__d_model=32, model__num_heads=4)
+    with pytest.raises(UserError) as e:
+        train.train_and_evaluate(config, trained_copy)
+    msg = str(e.value)
+    assert (
+        "d_model: checkpoint 16 vs config 32" in msg
+        and "num_heads: checkpoint 2 vs config 4" in msg
+    )
+    assert "d_ff" not in msg and "\n" not in msg
+    assert tree_hash(trained_copy) == before
+
+
+_MULTI_DEVICE = textwrap.dedent(
+    """
+    import json, sys
+    import jax
+    from conftest import metric_rows, tiny_config
+    from experiments import train
+    assert jax.device_count() == 8, jax.devices()
+    train.train_and_evaluate(tiny_config(sys.argv[1]), sys.argv[2])
+    print(json.dumps(metric_rows(sys.argv[2])))
+    """
+)
+
+
+def test_eight_devices_give_the_same_per_step_loss(trained, tfds_dir, tmp_path):
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", _MULTI_DEVICE, tfds_dir, str(tmp_path / "run")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows8 = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows1 = metric_rows(trained)
+    assert [(r["step"], r["split"]) for r in rows8] == [(r["step"], r["split"]) for r in rows1]
+    for r8, r1 in zip(rows8, rows1, strict=True):
+        assert r8["loss"] == pytest.approx(r1["loss"], abs=1e-5), (r8, r1)
+        assert r8["accuracy"] == pytest.approx(r1["accuracy"], abs=1e-6)
