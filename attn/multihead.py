@@ -8,8 +8,8 @@ projections and rows h*Dh:(h+1)*Dh of the output projection (Dh = D / H).
 import jax
 import jax.numpy as jnp
 
-from attn import attention as attention_lib
 from attn import layers, scores
+from attn.attention import attention as attend
 
 
 def _head_dim(d_model: int, num_heads: int) -> int:
@@ -70,7 +70,7 @@ def apply(
     score_params = params.get("score")
 
     def one_head(q_LxK, k_LxK, v_LxK, sp):
-        return attention_lib.attention(
+        return attend(
             q_LxK,
             k_LxK,
             v_LxK,

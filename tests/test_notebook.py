@@ -1,4 +1,4 @@
-"""The Colab notebook's code compiles and calls functions that exist with the arguments it passes."""
+"""The Colab notebook compiles and calls functions that exist with the arguments it passes."""
 
 import ast
 import importlib
@@ -14,7 +14,8 @@ def _code_cells() -> list[str]:
     cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
     # Shell (!) and magic (%) lines are Colab's, not Python.
     return [
-        "\n".join(l for l in c.splitlines() if not l.lstrip().startswith(("!", "%"))) for c in cells
+        "\n".join(ln for ln in c.splitlines() if not ln.lstrip().startswith(("!", "%")))
+        for c in cells
     ]
 
 
