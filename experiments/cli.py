@@ -45,12 +45,34 @@ def _explain_override(argv: Sequence[str]) -> str | None:
     return None
 
 
+def _one_line(message: str) -> str:
+    """The first line, plus the last when the message embeds a traceback (that names the cause)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return f"{lines[0]} {lines[-1]}" if "Traceback" in message else lines[0]
+
+
+def _check_config_loaded() -> None:
+    """config_flags defers a failed load (e.g. a missing file) to the config's first use."""
+    if "config" not in flags.FLAGS or flags.FLAGS["config"].value is None:
+        return
+    flag = flags.FLAGS["config"]
+    try:
+        flag.value.keys()
+    except OSError as e:
+        cause = str(e).strip().splitlines()[-1].strip()
+        raise UserError(f"cannot load --config={flag.config_filename}: {cause}") from None
+
+
 def parse_flags(argv: Sequence[str]) -> list[str]:
     """absl flag parsing, with every parse error turned into a one-line UserError."""
     try:
-        return flags.FLAGS(argv)
+        rest = flags.FLAGS(argv)
+        _check_config_loaded()
+        return rest
     except flags.Error as e:
-        raise UserError(str(e).splitlines()[0]) from None
+        raise UserError(_one_line(str(e))) from None
     except UserError:
         raise
     except Exception as e:
