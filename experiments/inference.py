@@ -38,11 +38,9 @@ def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
             config = ml_collections.ConfigDict(json.load(f))
     except (OSError, ValueError) as e:
         raise UserError(f"cannot read {config_path}: {e}") from None
-    mngr = checkpoints.manager(workdir, which, keep=1)
-    step = mngr.latest_step()
+    mngr, step = _latest(workdir, which)
     if step is None and which == checkpoints.BEST:  # a run stopped before its first evaluation
-        mngr = checkpoints.manager(workdir, checkpoints.LAST, keep=1)
-        step = mngr.latest_step()
+        mngr, step = _latest(workdir, checkpoints.LAST)
     if step is None:
         raise UserError(f"{workdir!r} holds no checkpoint yet; train (or resume) first")
     meta = checkpoints.read_meta(mngr, step)
@@ -67,6 +65,15 @@ def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
     target = jax.eval_shape(init, jax.random.PRNGKey(0))
     state, _ = checkpoints.restore(mngr, step, target)
     return Trained(config, cfg, state["params"], tok, tuple(meta["label_names"]), step)
+
+
+def _latest(workdir: str, which: str) -> tuple[Any, int | None]:
+    """The manager and newest step of `workdir/which`; None when absent (the manager would create
+    the directory, and reading must leave a workdir unchanged)."""
+    if not os.path.isdir(os.path.join(workdir, which)):
+        return None, None
+    mngr = checkpoints.manager(workdir, which, keep=1)
+    return mngr, mngr.latest_step()
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
