@@ -17,10 +17,15 @@ from experiments.errors import UserError
 def visualize(workdir: str, texts: list[str], out: str, max_tokens: int = 64) -> list[str]:
     """Writes the plots for `texts`; returns the paths written."""
     trained = inference.load(workdir)
+    encoded = []  # every text is checked before anything is written
+    for n, text in enumerate(texts, 1):
+        try:
+            encoded.append(inference.encode(trained, text))
+        except UserError as e:
+            raise UserError(f"text {n}: {e}") from None
     os.makedirs(out, exist_ok=True)
     written, rows = [], []
-    for n, text in enumerate(texts, 1):
-        ids_L = inference.encode(trained, text)
+    for n, ids_L in enumerate(encoded, 1):
         result = inference.analyse(trained, ids_L)
         tokens = trained.tokenizer.tokens(ids_L.tolist())
         label = trained.label_names[int(result["probs"].argmax())]
