@@ -1,0 +1,149 @@
+"""Issue 4: the evaluate, predict and visualize commands; one-line errors for user mistakes."""
+
+import json
+import os
+import shutil
+
+import pytest
+from conftest import assert_one_line_error, run, tiny_flags, tree_hash
+
+
+def test_evaluate_predict_visualize_commands(trained_copy):
+    proc = run("experiments.evaluate", f"--workdir={trained_copy}", "--split=test")
+    assert proc.returncode == 0, proc.stderr
+    with open(os.path.join(trained_copy, "eval_test.json"), encoding="utf-8") as f:
+        result = json.load(f)
+    assert {"accuracy", "macro_f1", "loss", "confusion", "num_examples"} <= set(result)
+    assert result["num_examples"] == 1726
+    assert f"{result['accuracy']:.4f}" in proc.stdout and "confusion" in proc.stdout
+
+    proc = run("experiments.predict", f"--workdir={trained_copy}", "--top=2", "很好看", "太差了")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 2
+    for line, text in zip(lines, ("很好看", "太差了"), strict=True):
+        label, prob, top = line.split("\t")
+        assert label in ("neg", "pos") and 0.5 <= float(prob) <= 1.0
+        tokens = [t.rsplit("(", 1)[0] for t in top.split(" ")]
+        assert len(tokens) == 2 and set(tokens) <= set(text)
+
+    out = os.path.join(trained_copy, "visualize")
+    proc = run("experiments.visualize", f"--workdir={trained_copy}", "很好看")
+    assert proc.returncode == 0, proc.stderr
+    written = proc.stdout.split()
+    assert sorted(os.listdir(out)) == [
+        "attention.html",
+        "text1_layer0_head0.png",
+        "text1_layer0_head1.png",
+    ]
+    assert written == [
+        os.path.join(out, "text1_layer0_head0.png"),
+        os.path.join(out, "text1_layer0_head1.png"),
+        os.path.join(out, "attention.html"),
+        os.path.join(trained_copy, "curves.png"),
+    ]
+
+
+def _no_checkpoint(trained, tmp_path) -> str:
+    workdir = tmp_path / "fresh"
+    workdir.mkdir()
+    shutil.copy(os.path.join(trained, "config.json"), workdir)
+    return str(workdir)
+
+
+def _empty(trained, tmp_path) -> str:
+    (tmp_path / "empty").mkdir()
+    return str(tmp_path / "empty")
+
+
+# (command line with {w} = a workdir made by `make`, {t} = the TFDS data_dir; message fragments)
+CASES = {
+    "missing workdir": (
+        None,
+        ["experiments.evaluate", "--workdir={w}"],
+        ["does not exist", "train first"],
+    ),
+    "predict without workdir flag": (None, ["experiments.predict", "很好"], ["--workdir"]),
+    "not a workdir": (_empty, ["experiments.predict", "--workdir={w}", "很好"], ["config.json"]),
+    "no checkpoint": (_no_checkpoint, ["experiments.evaluate", "--workdir={w}"], ["no checkpoint"]),
+    "visualize without text": (
+        "trained",
+        ["experiments.visualize", "--workdir={w}"],
+        ["at least one text"],
+    ),
+    "wrong config path": (
+        None,
+        ["experiments.train", "--config=configs/nope.py", "--workdir={w}"],
+        ["configs/nope.py", "No such file"],
+    ),
+    "unknown config variant": (
+        None,
+        ["experiments.train", "--config=configs/default.py:huge", "--workdir={w}"],
+        ["unknown variant 'huge'", "tiny"],
+    ),
+    "unknown dataset": (
+        None,
+        [
+            "experiments.train",
+            "--config=configs/default.py:tiny",
+            "--workdir={w}",
+            "--config.data.dataset=imbd",
+        ],
+        ["'imbd' is unknown", "imdb_reviews"],
+    ),
+    "misspelt override": (
+        None,
+        [
+            "experiments.train",
+            "--config=configs/default.py:tiny",
+            "--workdir={w}",
+            "--config.model.num_layer=2",
+        ],
+        ["model.num_layer", "num_layers", "d_model"],
+    ),
+    "bad override value": (
+        None,
+        [
+            "experiments.train",
+            "--config=configs/default.py:tiny",
+            "--workdir={w}",
+            "--config.model.d_model=big",
+        ],
+        ["d_model", "big"],
+    ),
+    "invalid model field": (
+        None,
+        [
+            "experiments.train",
+            "--config=configs/default.py:tiny",
+            "--workdir={w}",
+            "--config.data.data_dir={t}",
+            "--config.model.pooling=avg",
+        ],
+        ["pooling", "avg"],
+    ),
+    "checkpoint of another model": (
+        "copy",
+        ["experiments.train", *tiny_flags("{t}"), "--workdir={w}", "--config.model.d_model=32"],
+        ["d_model: checkpoint 16 vs config 32"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_user_error_is_one_line(case, request, tmp_path, tfds_dir):
+    make, argv, fragments = CASES[case]
+    if make is None:
+        workdir = str(tmp_path / "w")
+    elif make == "trained":
+        workdir = request.getfixturevalue("trained")
+    elif make == "copy":
+        workdir = request.getfixturevalue("trained_copy")
+    else:
+        workdir = make(request.getfixturevalue("trained"), tmp_path)
+    before = tree_hash(workdir) if os.path.isdir(workdir) else None
+    proc = run(*(a.format(w=workdir, t=tfds_dir) for a in argv))
+    assert proc.returncode == 2, proc.stderr
+    assert_one_line_error(proc, *fragments)
+    if before is not None:
+        assert tree_hash(workdir) == before
