@@ -191,9 +191,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 bar.update(1)
                 if step % t.log_every_steps == 0 or step == total_steps:
                     elapsed = time.perf_counter() - window["start"]
+                    # A window of only skipped steps has no loss: NaN, not a misleading 0.
+                    seen = window["count"] or float("nan")
                     row = {
-                        "loss": window["loss_sum"] / max(window["count"], 1),
-                        "accuracy": window["correct"] / max(window["count"], 1),
+                        "loss": window["loss_sum"] / seen,
+                        "accuracy": window["correct"] / seen,
                         "examples_per_sec": window["count"] / max(elapsed, 1e-9),
                         "input_wait_fraction": window["wait"] / max(elapsed, 1e-9),
                         "skipped_steps": int(m["nonfinite_total"]),
