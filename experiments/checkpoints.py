@@ -19,15 +19,26 @@ from experiments.errors import UserError
 LAST, BEST = "checkpoints", "best"
 
 
-def manager(workdir: str, which: str, keep: int) -> ocp.CheckpointManager:
+def manager(
+    workdir: str, which: str, keep: int, *, cleanup_tmp: bool = False
+) -> ocp.CheckpointManager:
+    """`cleanup_tmp` deletes saves a killed run left half-written: only for the training run,
+    since a reader (evaluate during training) would delete the trainer's save in progress."""
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, create=True, enable_async_checkpointing=False
+        max_to_keep=keep,
+        create=True,
+        enable_async_checkpointing=False,
+        cleanup_tmp_directories=cleanup_tmp,
     )
     path = os.path.join(os.path.abspath(workdir), which)
     return ocp.CheckpointManager(path, item_names=("state", "meta"), options=options)
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict) -> None:
+    """Saves `step`, replacing one that exists: a run killed after its best-checkpoint save but
+    before the next `checkpoints/` save resumes from an earlier step and redoes it identically."""
+    if step in mngr.all_steps():
+        mngr.delete(step)
     args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
     mngr.save(step, args=args, force=True)
 

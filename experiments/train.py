@@ -124,8 +124,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     put = lambda batch: jax.device_put(batch, batch_sharding)
     state = jax.device_put(steps.init_state(jax.random.PRNGKey(t.seed), cfg, tx), replicated)
 
-    last = checkpoints.manager(workdir, checkpoints.LAST, t.keep_checkpoints)
-    best = checkpoints.manager(workdir, checkpoints.BEST, 1)
+    last = checkpoints.manager(workdir, checkpoints.LAST, t.keep_checkpoints, cleanup_tmp=True)
+    best = checkpoints.manager(workdir, checkpoints.BEST, 1, cleanup_tmp=True)
     step, best_acc = 0, -1.0
     if last.latest_step() is not None:
         meta = checkpoints.read_meta(last, last.latest_step())
