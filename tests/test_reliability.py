@@ -1,5 +1,6 @@
 """Issue 6: exact resume after SIGKILL, safe checkpoints, non-finite guard, bad input, devices."""
 
+import errno
 import json
 import math
 import os
@@ -10,6 +11,7 @@ import textwrap
 import time
 
 import numpy as np
+import pytest
 from conftest import (
     ROOT,
     assert_one_line_error,
@@ -17,7 +19,9 @@ from conftest import (
     metric_rows,
     run,
     saved_state,
+    tiny_config,
     tiny_flags,
+    tree_hash,
 )
 
 from experiments import checkpoints
@@ -160,3 +164,319 @@ def test_nonfinite_steps_are_skipped_then_training_stops(tfds_dir, tmp_path):
     assert int(state["step"]) == 3
     # The skipped steps left the parameters as step 2 made them: finite.
     assert all(np.isfinite(np.asarray(x)).all() for x in __import__("jax").tree.leaves(state))
+
+
+# ---------------------------------------------------------------------------------------------
+# Unwritable workdirs: refused before any data is read or anything compiled.
+
+
+def _under_a_file(tmp_path) -> str:
+    (tmp_path / "file").write_text("x")
+    return str(tmp_path / "file" / "run")
+
+
+def _read_only(tmp_path) -> str:
+    path = tmp_path / "ro"
+    path.mkdir()
+    if os.geteuid() != 0:
+        path.chmod(0o555)
+        return str(path)
+    # root ignores permission bits; the immutable attribute binds root too (ext4, xfs, btrfs).
+    done = subprocess.run(["chattr", "+i", str(path)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"running as root and chattr +i is not permitted here: {done.stderr!r}")
+    return str(path)
+
+
+def _full_disk(tmp_path) -> str:
+    path = tmp_path / "full"
+    path.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(path)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs to fill (needs root): {done.stderr!r}")
+    fd = os.open(path / "filler", os.O_WRONLY | os.O_CREAT)
+    try:  # fill it up for real
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError as e:
+        assert e.errno == errno.ENOSPC, e
+    finally:
+        os.close(fd)
+    return str(path)
+
+
+def _release(path: str) -> None:
+    subprocess.run(["chattr", "-i", path], capture_output=True)
+    subprocess.run(["umount", path], capture_output=True)
+
+
+@pytest.mark.parametrize(
+    "make, fragment",
+    [
+        (_under_a_file, "Not a directory"),
+        (_read_only, "not writable"),
+        (_full_disk, "No space left"),
+    ],
+    ids=["under a file", "read-only", "full disk"],
+)
+def test_unwritable_workdir_is_refused_before_training(
+    make, fragment, tfds_dir, tmp_path, monkeypatch
+):
+    from experiments import datasets, train
+    from experiments.errors import UserError
+
+    def no_data(*args):
+        raise AssertionError("data was loaded before the workdir was checked")
+
+    monkeypatch.setattr(datasets, "load_split", no_data)
+    workdir = make(tmp_path)
+    try:
+        with pytest.raises(UserError, match=fragment) as e:
+            train.train_and_evaluate(tiny_config(tfds_dir), workdir)
+        assert workdir in str(e.value) and "\n" not in str(e.value)
+    finally:
+        _release(workdir)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: a correct answer or a one-line UserError, and the workdir left exactly as it was.
+
+ANSWER = None  # expected outcome: an answer, not an error
+MB_LINE = "好" * 350_000  # 1.05 MB of UTF-8
+
+# name -> (text, None for an answer or a fragment of the error message)
+TEXTS = {
+    "empty": ("", "empty"),
+    "whitespace only": (" \t\u3000 ", "empty"),
+    "only unknown characters": ("𓀀𓀁𓀂", ANSWER),
+    "invalid utf-8": (b"\xff\xfe\xb0".decode("utf-8", "surrogateescape"), "UTF-8"),
+    "nul bytes": ("好\x00看\x00", ANSWER),
+    "1 MB line": (MB_LINE, ANSWER),
+    "another script": ("This film was wonderful", ANSWER),
+}
+
+
+@pytest.fixture(scope="module")
+def loaded(trained):
+    from experiments import inference
+
+    return inference.load(trained)
+
+
+@pytest.mark.parametrize("case", TEXTS)
+def test_predict_bad_text(case, loaded, trained):
+    from experiments import predict
+    from experiments.errors import UserError
+
+    text, error = TEXTS[case]
+    before = tree_hash(trained)
+    if error:
+        with pytest.raises(UserError, match=error) as e:
+            predict.predict_one(loaded, text, top=5)
+        assert "\n" not in str(e.value)
+    else:
+        p = predict.predict_one(loaded, text, top=5)
+        assert p["label"] in loaded.label_names and 0.5 <= p["probability"] <= 1.0
+        assert 1 <= p["num_tokens"] <= loaded.cfg.max_len and len(p["top_tokens"]) <= 5
+        assert all(np.isfinite(w) for _, w in p["top_tokens"])
+    assert tree_hash(trained) == before
+
+
+def test_predict_command_bad_lines_on_stdin(trained):
+    """All cases at once through stdin: good lines answered, bad ones one error line each."""
+    lines = [t.encode("utf-8", "surrogateescape") for t, _ in TEXTS.values()]
+    before = tree_hash(trained)
+    proc = run("experiments.predict", f"--workdir={trained}", stdin=b"\n".join(lines) + b"\n")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    errors = proc.stderr.strip().splitlines()
+    bad = [n for n, (_, error) in enumerate(TEXTS.values(), 1) if error]
+    assert len(errors) == len(bad)
+    for line, n in zip(errors, bad, strict=True):
+        assert line.startswith(f"error: text {n}: "), line
+    answers = proc.stdout.strip().splitlines()
+    assert len(answers) == len(TEXTS) - len(bad)
+    assert all(a.split("\t")[0] in ("neg", "pos") for a in answers)
+    assert tree_hash(trained) == before
+
+
+@pytest.fixture(scope="module")
+def vis_workdir(trained, tmp_path_factory) -> str:
+    """visualize rewrites curves.png in its workdir: give it its own copy."""
+    import shutil
+
+    workdir = str(tmp_path_factory.mktemp("vis") / "run")
+    shutil.copytree(trained, workdir)
+    return workdir
+
+
+@pytest.mark.parametrize("case", TEXTS)
+def test_visualize_bad_text(case, vis_workdir, tmp_path):
+    from experiments import visualize
+    from experiments.errors import UserError
+
+    text, error = TEXTS[case]
+    out = str(tmp_path / "out")
+    before = tree_hash(vis_workdir, exclude=("curves.png",))
+    if error:
+        with pytest.raises(UserError, match=f"text 2: .*{error}") as e:
+            visualize.visualize(vis_workdir, ["很好", text], out)
+        assert "\n" not in str(e.value) and not os.path.exists(out)
+    else:
+        written = visualize.visualize(vis_workdir, [text], out)
+        assert sorted(os.listdir(out)) == [
+            "attention.html",
+            "text1_layer0_head0.png",
+            "text1_layer0_head1.png",
+        ]
+        assert len(written) == 4
+    assert tree_hash(vis_workdir, exclude=("curves.png",)) == before
+
+
+# Data files: name -> (write(dir) -> path, None for an answer or a fragment of the error).
+def _write(name: str, data: bytes):
+    def make(d) -> str:
+        (d / name).write_bytes(data)
+        return str(d / name)
+
+    return make
+
+
+def _rows(n: int, sep: str = "\n", labels=("neg", "pos")) -> str:
+    return sep.join(
+        f"评论{i}号 写得{'好' if i % 2 else '差'},{labels[i % len(labels)]}" for i in range(n)
+    )
+
+
+def _mixed_endings(d) -> str:
+    body = "".join(
+        f"评论{i}号,{('neg', 'pos')[i % 2]}" + ("\r\n", "\n", "\r")[i % 3] for i in range(60)
+    )
+    (d / "mixed.csv").write_text("text,label\r\n" + body, encoding="utf-8")
+    return str(d / "mixed.csv")
+
+
+def _empty_folder(d) -> str:
+    (d / "folder").mkdir()
+    return str(d / "folder")
+
+
+FILES = {
+    "missing columns": (_write("a.csv", "text,stars\n很好,5\n".encode()), "label"),
+    "header only": (_write("b.csv", b"text,label\n"), "no data rows"),
+    "mixed line endings": (_mixed_endings, ANSWER),
+    "label outside the label set": (
+        _write("c.csv", ("text,label\n" + _rows(60, labels=("neg", "pos", "meh"))).encode()),
+        "meh",
+    ),
+    "empty folder": (_empty_folder, "folder"),
+    "missing file": (lambda d: str(d / "nope.csv"), "does not exist"),
+    "binary file": (_write("d.csv", bytes(range(256)) * 64), "binary"),
+    "empty file": (_write("e.csv", b""), "empty"),
+}
+
+
+def _file_config(path: str):
+    import ml_collections
+
+    from configs import default
+
+    data = default.get_config("tiny").data.to_dict()
+    data.update(dataset="file", path=path, label_names=("neg", "pos"))
+    return ml_collections.ConfigDict(data)
+
+
+@pytest.mark.parametrize("case", FILES)
+def test_data_loader_bad_file(case, tmp_path):
+    from experiments import datasets
+    from experiments.errors import UserError
+
+    make, error = FILES[case]
+    path = make(tmp_path)
+    before = tree_hash(str(tmp_path))
+    if error:
+        with pytest.raises(UserError, match=error) as e:
+            datasets.load_split(_file_config(path), "train")
+        assert "\n" not in str(e.value)
+    else:
+        texts, labels, names = datasets.load_split(_file_config(path), "train")
+        assert names == ("neg", "pos") and len(texts) == len(labels) > 30
+        assert all("\r" not in t and "\n" not in t for t in texts)
+    assert tree_hash(str(tmp_path)) == before
+
+
+# Evaluate: broken workdirs, and the data its config points at.
+def _set_data(path_of):
+    def make(workdir: str, d) -> None:
+        with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+        config["data"].update(dataset="file", path=path_of(d))
+        with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(config, f)
+
+    return make
+
+
+def _corrupt(rel: str, data: bytes):
+    def make(workdir: str, d) -> None:
+        with open(os.path.join(workdir, rel), "wb") as f:
+            f.write(data)
+
+    return make
+
+
+def _truncate_checkpoint(workdir: str, d) -> None:
+    (step,) = os.listdir(os.path.join(workdir, "best"))
+    root = os.path.join(workdir, "best", step, "state")
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            with open(os.path.join(dirpath, name), "r+b") as f:
+                f.truncate(os.path.getsize(f.name) // 2)
+
+
+EVAL_CASES = {
+    "binary config.json": (_corrupt("config.json", bytes(range(256))), "config.json"),
+    "no vocabulary": (lambda w, d: os.remove(os.path.join(w, "vocab.txt")), "vocab"),
+    "truncated checkpoint": (_truncate_checkpoint, "checkpoint"),
+    **{f"data: {k}": (_set_data(make), error) for k, (make, error) in FILES.items()},
+}
+
+
+@pytest.mark.parametrize("case", EVAL_CASES)
+def test_evaluate_bad_workdir_or_data(case, trained_copy, tmp_path):
+    from experiments import evaluate
+    from experiments.errors import UserError
+
+    make, error = EVAL_CASES[case]
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    make(trained_copy, data_dir)
+    before = tree_hash(trained_copy)
+    if error:
+        with pytest.raises(UserError, match=error) as e:
+            evaluate.evaluate_workdir(trained_copy, "train")
+        assert "\n" not in str(e.value)
+        assert tree_hash(trained_copy) == before
+    else:
+        result = evaluate.evaluate_workdir(trained_copy, "train")
+        assert result["num_examples"] > 30 and 0 <= result["accuracy"] <= 1
+        after = tree_hash(trained_copy)
+        assert after.pop("eval_train.json") and after == before  # the one file evaluate writes
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi-device: a batch that does not split over the devices is refused before any work.
+
+
+def test_batch_not_divisible_by_eight_devices(tfds_dir, tmp_path):
+    workdir = str(tmp_path / "run")
+    proc = run(
+        "experiments.train",
+        *tiny_flags(tfds_dir),
+        f"--workdir={workdir}",
+        "--config.data.batch_size=12",
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
+    )
+    assert_one_line_error(proc, "config.data.batch_size=12", "8 devices", "multiple of 8")
+    assert os.listdir(workdir) == []  # no vocabulary, no checkpoint: nothing was done
