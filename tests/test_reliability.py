@@ -175,16 +175,20 @@ def _under_a_file(tmp_path) -> str:
     return str(tmp_path / "file" / "run")
 
 
+def _make_read_only(path: str) -> None:
+    if os.geteuid() != 0:
+        os.chmod(path, 0o555)
+        return
+    # root ignores permission bits; the immutable attribute binds root too (ext4, xfs, btrfs).
+    done = subprocess.run(["chattr", "+i", path], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"running as root and chattr +i is not permitted here: {done.stderr!r}")
+
+
 def _read_only(tmp_path) -> str:
     path = tmp_path / "ro"
     path.mkdir()
-    if os.geteuid() != 0:
-        path.chmod(0o555)
-        return str(path)
-    # root ignores permission bits; the immutable attribute binds root too (ext4, xfs, btrfs).
-    done = subprocess.run(["chattr", "+i", str(path)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"running as root and chattr +i is not permitted here: {done.stderr!r}")
+    _make_read_only(str(path))
     return str(path)
 
 
@@ -238,6 +242,24 @@ def test_unwritable_workdir_is_refused_before_training(
         assert workdir in str(e.value) and "\n" not in str(e.value)
     finally:
         _release(workdir)
+
+
+@pytest.mark.parametrize(
+    "argv", [["experiments.evaluate"], ["experiments.visualize", "很好"]], ids=lambda a: a[0]
+)
+def test_commands_that_write_into_a_read_only_workdir(argv, trained, tmp_path):
+    import shutil
+
+    workdir = str(tmp_path / "ro")
+    shutil.copytree(trained, workdir)
+    _make_read_only(workdir)
+    before = tree_hash(workdir)
+    try:
+        proc = run(argv[0], f"--workdir={workdir}", *argv[1:])
+    finally:
+        _release(workdir)
+    assert_one_line_error(proc, workdir)
+    assert tree_hash(workdir) == before
 
 
 # ---------------------------------------------------------------------------------------------
