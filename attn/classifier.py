@@ -116,10 +116,12 @@ class ModelConfig:
 
 def init(key: jax.Array, cfg: ModelConfig) -> dict:
     """Random float32 params for `apply` (layout in the module docstring)."""
-    k_tok, k_ngram, k_pos, k_layers, k_pool, k_head = jax.random.split(key, 6)
+    k_tok, k_pos, k_layers, k_pool, k_head = jax.random.split(key, 5)
     embed = {"tokens": layers.embed_init(k_tok, cfg.vocab_size, cfg.d_model)}
     if cfg.ngram_buckets:
-        embed["ngrams"] = layers.embed_init(k_ngram, cfg.ngram_buckets, cfg.d_model)
+        # Zeros, not random rows: most test n-grams never occur in training, and a random row
+        # would add fixed noise to them; a zero row only moves once its n-gram is seen.
+        embed["ngrams"] = jnp.zeros((cfg.ngram_buckets, cfg.d_model), jnp.float32)
     if cfg.positions == "learned":
         embed["positions"] = positions.learned_init(k_pos, cfg.max_len, cfg.d_model)
     params = {"embed": embed}

@@ -128,9 +128,21 @@ def test_ngram_buckets_depend_only_on_the_last_n_tokens():
     assert not np.array_equal(ids[0], ids[1])  # orders hash apart
 
 
+def test_fresh_ngram_table_is_zero_so_unseen_ngrams_add_nothing():
+    cfg = _cfg(ngram_buckets=13)
+    params = classifier.init(jax.random.key(0), cfg)
+    np.testing.assert_array_equal(params["embed"]["ngrams"], np.zeros((13, cfg.d_model)))
+    plain = {**params, "embed": {k: v for k, v in params["embed"].items() if k != "ngrams"}}
+    lo_n, _ = classifier.apply(params, TOKENS, cfg)
+    lo, _ = classifier.apply(plain, TOKENS, _cfg())
+    np.testing.assert_allclose(lo_n, lo, atol=1e-6)
+
+
 def test_ngrams_change_logits_and_ignore_padding_positions():
     cfg = _cfg(ngram_buckets=13)
     params = classifier.init(jax.random.key(0), cfg)
+    # A trained table: rows away from their zero init.
+    params["embed"]["ngrams"] = jax.random.normal(jax.random.key(1), (13, cfg.d_model))
     plain = {**params, "embed": {k: v for k, v in params["embed"].items() if k != "ngrams"}}
     lo_n, _ = classifier.apply(params, TOKENS, cfg)
     lo, _ = classifier.apply(plain, TOKENS, _cfg())
