@@ -728,7 +728,7 @@ def write_outputs(results: dict, out: str) -> None:
         sec = results[name]
         lines += _attention_md(sec, out) if fn is None else fn(sec)
         lines += [
-            f"_Section wall time {sec.get('wall_s', 0):.0f} s; peak RSS "
+            f"_Section wall time {sec.get('wall_s', 0):.0f} s; process peak RSS so far "
             f"{_peak(sec) / 2**30:.2f} GiB{'; --quick' if sec.get('quick') else ''}._",
             "",
         ]
