@@ -115,7 +115,7 @@ def attention_plan(quick: bool) -> AttentionPlan:
         return AttentionPlan(2, 2, ((32, 8), (64, 8)), 64, 1, 256)
     lengths = (128, 512, 1024, 2048, 4096, 8192, 16384)
     shapes = [(L, 32) for L in lengths] + [(L, 64) for L in (512, 1024, 2048)]
-    return AttentionPlan(8, 4, tuple(sorted(shapes)), 8192, 7, 2048)
+    return AttentionPlan(8, 4, tuple(sorted(shapes)), 8192, 15, 2048)
 
 
 def bench_attention(quick: bool) -> dict:
