@@ -100,22 +100,25 @@ def _tmp_dirs(workdir: str, which: str) -> list[str]:
 
 
 def test_sigkill_anywhere_then_restart_is_bitwise_identical(trained, tfds_dir, tmp_path):
-    """Killed while saving the first checkpoint, between checkpoints, while saving the best one."""
+    """Killed while saving a best and a last checkpoint, and between checkpoints; 4 restarts."""
     workdir = str(tmp_path / "run")
     argv = [*tiny_flags(tfds_dir), f"--workdir={workdir}"]
 
-    _train_killed_at("save:checkpoints/3", argv, tmp_path)
-    # The half-written checkpoint is there, and is not a checkpoint.
-    assert _tmp_dirs(workdir, "checkpoints") and not os.path.exists(f"{workdir}/checkpoints/3")
+    _train_killed_at("save:best/3", argv, tmp_path)
+    assert _tmp_dirs(workdir, "best") and not os.path.exists(f"{workdir}/best/3")
+
+    err = _train_killed_at("save:checkpoints/3", argv, tmp_path)
+    assert "resuming" not in err  # a half-written checkpoint is not a checkpoint: starts over
+    assert os.path.exists(f"{workdir}/best/3") and _tmp_dirs(workdir, "checkpoints")
     assert checkpoints.manager(workdir, checkpoints.LAST, 2).latest_step() is None
 
     err = _train_killed_at("step:5", argv, tmp_path)
-    assert "resuming" not in err  # nothing to resume from: started over
+    assert "resuming" not in err  # redoes best/3, which the killed run had completed
     assert max(r["step"] for r in metric_rows(workdir)) == 4
 
-    err = _train_killed_at("save:best/6", argv, tmp_path)
+    err = _train_killed_at("save:checkpoints/6", argv, tmp_path)
     assert "resuming from step 3 of 6" in err
-    assert _tmp_dirs(workdir, "best")
+    assert _tmp_dirs(workdir, "checkpoints")
 
     proc = run("experiments.train", *argv)
     assert proc.returncode == 0, proc.stderr[-3000:]
