@@ -218,7 +218,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                         f"step {step}: validation accuracy {val['accuracy']:.4f} "
                         f"loss {val['loss']:.4f}"
                     )
-                    if val["accuracy"] > best_acc:
+                    # A diverged model (NaN validation loss) never becomes the best checkpoint.
+                    if val["accuracy"] > best_acc and np.isfinite(val["loss"]):
                         best_acc = val["accuracy"]
                         checkpoints.save(best, step, state, meta_now())
                 if step % t.checkpoint_every_steps == 0 or step == total_steps:
@@ -227,6 +228,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         bar.close()
         log.close()
 
+    if best.latest_step() is None:
+        raise UserError(
+            "no evaluation had a finite validation loss, so there is no best model; "
+            "lower config.optim.learning_rate"
+        )
     best_state, _ = checkpoints.restore(best, best.latest_step(), state)
     test = evaluation.evaluate(best_state["params"], cfg, *encoded["test"], data=d, put=put)
     test["step"] = best.latest_step()
