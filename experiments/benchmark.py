@@ -570,7 +570,11 @@ def plot_attention(att: dict, out: str) -> list[str]:
                     )
             if key == "temp_bytes":
                 ax.axhline(
-                    MAX_TEMP_BYTES / 2**20, color="gray", ls="--", lw=1, label="8 GiB (not run)"
+                    MAX_TEMP_BYTES / 2**20,
+                    color="gray",
+                    ls="--",
+                    lw=1,
+                    label="8 GiB skip threshold",
                 )
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
@@ -623,12 +627,12 @@ def _attention_md(att: dict, out: str) -> list[str]:
             f"{r.get('skipped', '')} |"
         )
     s, c, lg = t["matrix_speed"], t["chunked_memory"], t["chunked_long"]
-    ratios = ", ".join(f"L={x['L']}/D={x['D']}: {x['ratio']:.2f}" for x in s["ratios"])
+    ratios = ", ".join(f"L={x['L']}/D={x['D']}: {x['ratio']:.3f}" for x in s["ratios"])
     lines += [
         "",
         "### Targets",
         "",
-        f"- {s['target']}: {_met(s)}; worst ratio {_num(s['worst'], '.2f')} ({ratios}).",
+        f"- {s['target']}: {_met(s)}; worst ratio {_num(s['worst'], '.3f')} ({ratios}).",
         f"- {c['target']}: memory {_met({'met': c['memory_met']})} (chunked/matrix "
         f"{_num(c['memory_ratio'], '.5f')}); time "
         f"{_met({'met': c['time_met']})} (chunked/matrix {_num(c['time_ratio'], '.2f')}; "
