@@ -79,10 +79,13 @@ def _matrix(
     if mask is not None:
         s_LxM = jnp.where(mask, s_LxM, scores.MASKED)
     w_LxM = jax.nn.softmax(s_LxM, axis=-1)
-    if mask is not None:
-        # Only changes fully masked rows, whose softmax is uniform over masked keys.
-        w_LxM = w_LxM * mask
     out_LxE = jnp.einsum("lm,me->le", w_LxM, v_MxE.astype(f))
+    if mask is not None:
+        # exp(MASKED - max) is exactly 0, so only a fully masked row (a uniform softmax over
+        # masked keys) needs fixing; zeroing its output row costs O(L*E), not O(L*M).
+        any_L1 = jnp.broadcast_to(mask, s_LxM.shape).any(axis=-1, keepdims=True)
+        out_LxE = jnp.where(any_L1, out_LxE, 0)
+        w_LxM = jnp.where(any_L1, w_LxM, 0)  # dead code under jit unless the caller reads it
     return out_LxE.astype(v_MxE.dtype), w_LxM
 
 
