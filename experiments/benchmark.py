@@ -32,8 +32,6 @@ from experiments import batching, cli, datasets, flax_reference, steps, tokenize
 from experiments.errors import UserError
 
 SECTIONS = ("attention", "train", "accuracy")
-_OUT = flags.DEFINE_string("out", "benchmarks", "Directory for results.json, REPORT.md, plots.")
-_QUICK = flags.DEFINE_bool("quick", False, "Tiny sizes, one repeat: a smoke test in seconds.")
 
 _CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 GIB = 1 << 30
@@ -765,12 +763,18 @@ def _peak(sec: dict) -> int:
     return max((r["peak_rss_bytes"] for r in sec.get("rows", [])), default=0)
 
 
+def define_flags() -> None:
+    """Flags are defined only when run as a script, so notebooks can import every entry point."""
+    flags.DEFINE_string("out", "benchmarks", "Directory for results.json, REPORT.md, plots.")
+    flags.DEFINE_bool("quick", False, "Tiny sizes, one repeat: a smoke test in seconds.")
+
+
 def main(argv: list[str]) -> None:
     which = argv[1:] or ["all"]
     if len(which) != 1 or which[0] not in (*SECTIONS, "all"):
         raise UserError(f"benchmark must be one of {', '.join((*SECTIONS, 'all'))}; got {which}")
     sections = SECTIONS if which[0] == "all" else (which[0],)
-    out = _OUT.value
+    out, quick = flags.FLAGS.out, flags.FLAGS.quick
     path = os.path.join(out, "results.json")
     results = {}
     if os.path.exists(path):
@@ -782,9 +786,9 @@ def main(argv: list[str]) -> None:
     benches = {"attention": bench_attention, "train": bench_train, "accuracy": bench_accuracy}
     for name in sections:
         start = time.perf_counter()
-        results[name] = benches[name](_QUICK.value)
+        results[name] = benches[name](quick)
         results[name]["wall_s"] = time.perf_counter() - start
-        results[name]["quick"] = _QUICK.value
+        results[name]["quick"] = quick
         write_outputs(results, out)
     results["machine"] = {"cpu_count": os.cpu_count(), "jax": jax.__version__}
     write_outputs(results, out)
@@ -792,4 +796,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     cli.main(main)
