@@ -98,7 +98,7 @@ def train_step(state, batch, *, cfg, tx, label_smoothing, penalty_weight):
     metrics = {
         **metrics,
         "loss": loss,
-        "grad_norm": optax.global_norm(grads),
+        "grad_norm": optax.tree.norm(grads),
         "nonfinite_run": opt_state.notfinite_count,
         "nonfinite_total": opt_state.total_notfinite,
     }
