@@ -5,7 +5,9 @@ Run:
   python -m experiments.train --config=configs/default.py:tiny --workdir=/tmp/tiny   # smoke test
 
 Variants (`configs/default.py:<arg>`):
-  (none)      the default below; see README "Results" for the accuracy and time it reaches.
+  (none)      the default below: 84.25% validation (best of 13 evaluations, step 800 of 1302),
+              84.88% test, 131 s on 2 shared CPU cores (load ~2-4). Still just below the char
+              1-3-gram TF-IDF + logistic regression baseline (84.20% val / 85.17% test).
   tiny        a few steps of a very small model, for tests.
   structured  structured self-attentive pooling (Lin et al. 2017) instead of mean pooling.
 """
@@ -29,7 +31,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.data.max_vocab = 8000
     config.data.max_len = 256
     config.data.buckets = (32, 64, 96, 128, 192, 256)
-    config.data.batch_size = 64
+    config.data.batch_size = 32  # tuned on validation: +0.7 pt over 64 (one seed)
     config.data.eval_batch_size = 256
 
     config.model = ml_collections.ConfigDict()
@@ -47,14 +49,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.implementation = "matrix"
     config.model.q_chunk = 128
     config.model.k_chunk = 128
-    config.model.ngram_buckets = 1 << 16
+    config.model.ngram_buckets = 1 << 17  # fewer hash collisions: +1 pt val over 1 << 16
     config.model.ngram_orders = (2, 3)
     config.model.dtype = "float32"
 
     config.optim = ml_collections.ConfigDict()
     config.optim.learning_rate = 5e-3  # tuned on validation: 1e-3 < 2e-3 < 5e-3
     config.optim.warmup_steps = 100
-    config.optim.weight_decay = 0.01
+    config.optim.weight_decay = 0.1  # tuned on validation: 0.01 < 0.1 ~ 0.3
     config.optim.clip_norm = 1.0
     config.optim.label_smoothing = 0.0
     config.optim.penalty_weight = 0.1  # structured pooling's ||AA^T - I||^2 coefficient
