@@ -436,7 +436,7 @@ def tfidf_baseline(data_cfg, *, grid: tuple[float, ...], max_train: int | None =
     from sklearn.linear_model import LogisticRegression
 
     start = time.perf_counter()
-    split = {s: datasets.load_split(data_cfg, s) for s in datasets.SPLITS}
+    split = datasets.load_splits(data_cfg)
     x_train, y_train = split["train"][0][:max_train], split["train"][1][:max_train]
     vec = TfidfVectorizer(analyzer="char", ngram_range=(1, 3), lowercase=data_cfg.lowercase)
     f_train = vec.fit_transform(x_train)

@@ -27,7 +27,7 @@ def _lengths(xs: list[int]) -> str:
 
 def describe(data_cfg: Any) -> str:
     """The report for `data_cfg` (config.data), as printed by the CLI."""
-    splits = {s: datasets.load_split(data_cfg, s) for s in datasets.SPLITS}
+    splits = datasets.load_splits(data_cfg)
     train_texts, _, names = splits["train"]
     tok = tokenizers.build_tokenizer(
         data_cfg.tokenizer,

@@ -13,12 +13,12 @@ All TFDS datasets are read with `tfds.data_source` from ArrayRecord files: no Te
 (TPU runtimes have no TensorFlow) or any machine with a network, `imdb_reviews` and `glue/sst2`
 are downloaded and prepared on first use into `data.data_dir` (default ~/tensorflow_datasets;
 point it at a mounted Drive folder to prepare once); IMDB is an 80 MB download, SST-2 7 MB.
-TFDS 4.9.10 imports the `importlib_resources` backport while preparing any builder (Colab has it;
-this venv does not): `pip install importlib_resources` if preparing fails with that name.
+TFDS 4.9.10 imports the `importlib_resources` backport while preparing any builder, so
+requirements.txt pins it.
 This machine has no network, so the tests run them on `tfds.testing.mock_data`.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -63,13 +63,23 @@ DATASETS = (*_TFDS, "file")
 
 def load_split(data_cfg: Any, split: str) -> Examples:
     """Texts, int32 labels [N] and label names of one split of `data_cfg.dataset`."""
-    if split not in SPLITS:
-        raise UserError(f"split={split!r} is not one of {SPLITS}")
+    return load_splits(data_cfg, (split,))[split]
+
+
+def load_splits(data_cfg: Any, splits: Sequence[str] = SPLITS) -> dict[str, Examples]:
+    """Several splits of `data_cfg.dataset`, reading each underlying source once.
+
+    IMDB and SST-2 carve train and validation out of the same TFDS split, and a user file holds
+    all three: reading per split would parse them two or three times.
+    """
+    for split in splits:
+        if split not in SPLITS:
+            raise UserError(f"split={split!r} is not one of {SPLITS}")
     name = data_cfg.dataset
     if name == "file":
-        return user_data.load_split(
+        return user_data.load_splits(
             data_cfg.path,
-            split,
+            splits,
             text_field=data_cfg.get("text_field", "text"),
             label_field=data_cfg.get("label_field", "label"),
             max_bad_fraction=data_cfg.get("max_bad_fraction", 0.01),
@@ -77,18 +87,25 @@ def load_split(data_cfg: Any, split: str) -> Examples:
         )
     if name not in _TFDS:
         raise UserError(f"data.dataset={name!r} is unknown; valid names: {', '.join(DATASETS)}")
-    text_field, splits = _TFDS[name]
-    tfds_split, keep = splits[split]
-    source = _data_source(name, tfds_split, data_cfg.get("data_dir") or None)  # "" = default
-    texts, labels = [], []
-    for ex in source:
-        text = ex[text_field]
-        text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
-        if keep(chinese_reviews.hash_fraction(text)):
-            texts.append(text)
-            labels.append(int(ex["label"]))
-    names = tuple(source.dataset_info.features["label"].names)
-    return texts, np.asarray(labels, np.int32), names
+    text_field, routes = _TFDS[name]
+    out: dict[str, Examples] = {}
+    for tfds_split in dict.fromkeys(routes[s][0] for s in splits):
+        ours = [s for s in splits if routes[s][0] == tfds_split]
+        source = _data_source(name, tfds_split, data_cfg.get("data_dir") or None)  # "" = default
+        texts: dict[str, list[str]] = {s: [] for s in ours}
+        labels: dict[str, list[int]] = {s: [] for s in ours}
+        for ex in source:
+            text = ex[text_field]
+            text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
+            u = chinese_reviews.hash_fraction(text)
+            for s in ours:
+                if routes[s][1](u):
+                    texts[s].append(text)
+                    labels[s].append(int(ex["label"]))
+        names = tuple(source.dataset_info.features["label"].names)
+        for s in ours:
+            out[s] = (texts[s], np.asarray(labels[s], np.int32), names)
+    return {s: out[s] for s in splits}
 
 
 def _data_source(name: str, split: str, data_dir: str | None) -> Any:

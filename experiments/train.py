@@ -106,7 +106,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     check_workdir(workdir)
     check_batch_sizes(config.data)
     d, t, o = config.data, config.train, config.optim
-    splits = {s: datasets.load_split(d, s) for s in ("train", "validation", "test")}
+    splits = datasets.load_splits(d)
     label_names = splits["train"][2]
     tok = load_tokenizer_for(config, workdir, splits["train"][0])
     cfg = model_config(config, tok.vocab_size, len(label_names))

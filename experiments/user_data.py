@@ -52,23 +52,44 @@ def load_split(
     label_names: Sequence[str] | None = None,
 ) -> tuple[list[str], np.ndarray, tuple[str, ...]]:
     """One split of a user's data as (texts, labels int32 [N], label names)."""
-    if split not in SPLITS:
-        raise UserError(f"split={split!r} is not one of {SPLITS}")
-    splits = load(
+    return load_splits(
+        path,
+        (split,),
+        text_field=text_field,
+        label_field=label_field,
+        max_bad_fraction=max_bad_fraction,
+        label_names=label_names,
+    )[split]
+
+
+def load_splits(
+    path: str,
+    splits: Sequence[str],
+    *,
+    text_field: str = "text",
+    label_field: str = "label",
+    max_bad_fraction: float = 0.01,
+    label_names: Sequence[str] | None = None,
+) -> dict[str, tuple[list[str], np.ndarray, tuple[str, ...]]]:
+    """Several splits from one read of the file (bad rows are reported once, not per split)."""
+    for split in splits:
+        if split not in SPLITS:
+            raise UserError(f"split={split!r} is not one of {SPLITS}")
+    loaded = load(
         path,
         text_field=text_field,
         label_field=label_field,
         max_bad_fraction=max_bad_fraction,
         label_names=label_names,
     )
-    texts, labels, names = splits[split]
-    if not texts:
-        total = sum(len(t) for t, _, _ in splits.values())
-        raise UserError(
-            f"data.path={path!r}: split {split!r} is empty ({total} usable examples in all; "
-            "the 80/10/10 hash split needs more)"
-        )
-    return texts, labels, names
+    for split in splits:
+        if not loaded[split][0]:
+            total = sum(len(t) for t, _, _ in loaded.values())
+            raise UserError(
+                f"data.path={path!r}: split {split!r} is empty ({total} usable examples in all; "
+                "the 80/10/10 hash split needs more)"
+            )
+    return {split: loaded[split] for split in splits}
 
 
 def load(

@@ -119,6 +119,12 @@ def test_tfds_datasets_on_mock_data(name, text_field, names, tmp_path):
         assert got_names == names
         assert all(isinstance(t, str) for t in texts)
         assert labels.dtype == np.int32 and set(labels.tolist()) <= {0, 1}
+    # One read of each TFDS split for all three of ours gives exactly the per-split results.
+    with tfds.testing.mock_data(num_examples=60):
+        together = datasets.load_splits(cfg)
+    for s in datasets.SPLITS:
+        assert together[s][0] == got[s][0] and together[s][2] == got[s][2]
+        np.testing.assert_array_equal(together[s][1], got[s][1])
 
 
 def test_unknown_dataset_and_split():
@@ -134,6 +140,15 @@ def test_file_dataset_dispatch(tmp_path):
     texts, labels, names = datasets.load_split(_cfg(dataset="file", path=str(path)), "test")
     assert names == ("a", "b") and 0 < len(texts) < 50
     assert all(labels[i] == int(t.split()[1]) % 2 for i, t in enumerate(texts))
+
+
+def test_file_dataset_read_once_for_all_splits(tmp_path, capsys):
+    path = tmp_path / "d.csv"
+    rows = "".join(f"review {i},{'ab'[i % 2]}\n" for i in range(300))
+    path.write_text("text,label\n" + rows + ",a\n")  # one empty text: under the bad-row limit
+    got = datasets.load_splits(_cfg(dataset="file", path=str(path)))
+    assert sum(len(t) for t, _, _ in got.values()) == 300
+    assert capsys.readouterr().err.count("line 302") == 1  # the bad row is reported once
 
 
 def _write_config(tmp_path: Path, **data) -> Path:

@@ -237,7 +237,7 @@ def test_unwritable_workdir_is_refused_before_training(
     def no_data(*args):
         raise AssertionError("data was loaded before the workdir was checked")
 
-    monkeypatch.setattr(datasets, "load_split", no_data)
+    monkeypatch.setattr(datasets, "load_splits", no_data)
     workdir = make(tmp_path)
     try:
         with pytest.raises(UserError, match=fragment) as e:
