@@ -5,12 +5,11 @@
 Prints a table and writes DIR/eval_<split>.json.
 """
 
-import json
 import os
 
 from absl import flags
 
-from experiments import batching, checkpoints, cli, datasets, evaluation, inference
+from experiments import batching, checkpoints, cli, datasets, evaluation, inference, train
 from experiments.errors import UserError
 
 
@@ -34,10 +33,7 @@ def evaluate_workdir(workdir: str, split: str, which: str = checkpoints.BEST) ->
     result["step"] = trained.step
     result["label_names"] = list(trained.label_names)
     out = os.path.join(workdir, f"eval_{split}.json")
-    tmp = out + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
-    os.replace(tmp, out)
+    train.write_json(out, result)
     return result
 
 
