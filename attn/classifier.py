@@ -182,34 +182,27 @@ def embed(params: dict, tokens_BxL: jax.Array, cfg: ModelConfig) -> jax.Array:
 _SIMPLE_POOLS = {"cls": pooling.cls_pool, "mean": pooling.mean_pool, "max": pooling.max_pool}
 
 
-def apply(
+def encode(
     params: dict,
     tokens_BxL: jax.Array,
     cfg: ModelConfig,
     *,
     train: bool = False,
     rng: jax.Array | None = None,
-) -> tuple[jax.Array, dict]:
-    """Classify int token ids [B, L] (0 = PAD) -> (logits [B, C] float32, aux).
+    embed_delta_BxLxD: jax.Array | None = None,
+) -> tuple[jax.Array, list]:
+    """Int token ids [B, L] -> (final-LayerNorm'd states [B, L, D], per-layer attention weights
+    [B, H, L, L] or None each); the part shared by classification and masked-token pretraining.
 
-    aux = {"attention": tuple of per-layer [B, H, L, L] float32, or None when the implementation
-    does not materialise weights ("chunked", "xla"); "pool_weights": [B, r, L] or None;
-    "penalty": float32 scalar ‖AAᵀ − I‖²_F averaged over non-empty sequences (0 unless structured)}.
+    embed_delta_BxLxD, if given, is added to the input embeddings (adversarial training).
     """
-    tokens_BxL = jnp.asarray(tokens_BxL)
-    if tokens_BxL.ndim != 2 or not jnp.issubdtype(tokens_BxL.dtype, jnp.integer):
-        raise ValueError(
-            f"tokens must be an integer array [batch, length]; got {tokens_BxL.dtype}"
-            f"{list(tokens_BxL.shape)}"
-        )
-    if train and rng is None:
-        raise ValueError("classifier.apply: train=True needs an rng key for dropout; got rng=None")
     batch = tokens_BxL.shape[0]
-    dtype = DTYPES[cfg.dtype]
     mask_BxL = tokens_BxL != PAD
-    r_embed, r_layers, r_pool = jax.random.split(rng, 3) if train else (None, None, None)
-
-    x_BxLxD = embed(params, tokens_BxL, cfg).astype(dtype)
+    r_embed, r_layers = jax.random.split(rng) if train else (None, None)
+    x_BxLxD = embed(params, tokens_BxL, cfg)
+    if embed_delta_BxLxD is not None:
+        x_BxLxD = x_BxLxD + embed_delta_BxLxD
+    x_BxLxD = x_BxLxD.astype(DTYPES[cfg.dtype])
     x_BxLxD = layers.dropout(x_BxLxD, cfg.embed_dropout, train=train, rng=r_embed)
 
     def block(p, x_LxD, mask_L, r):
@@ -236,8 +229,46 @@ def apply(
             params[f"layer_{i}"], x_BxLxD, mask_BxL, r_B
         )
         weights.append(w_BxHxLxL)
+    return layers.layer_norm(params["final_ln"], x_BxLxD), weights
 
-    h_BxLxD = layers.layer_norm(params["final_ln"], x_BxLxD)
+
+def _check_tokens(tokens_BxL) -> jax.Array:
+    tokens_BxL = jnp.asarray(tokens_BxL)
+    if tokens_BxL.ndim != 2 or not jnp.issubdtype(tokens_BxL.dtype, jnp.integer):
+        raise ValueError(
+            f"tokens must be an integer array [batch, length]; got {tokens_BxL.dtype}"
+            f"{list(tokens_BxL.shape)}"
+        )
+    return tokens_BxL
+
+
+def apply(
+    params: dict,
+    tokens_BxL: jax.Array,
+    cfg: ModelConfig,
+    *,
+    train: bool = False,
+    rng: jax.Array | None = None,
+    embed_delta_BxLxD: jax.Array | None = None,
+) -> tuple[jax.Array, dict]:
+    """Classify int token ids [B, L] (0 = PAD) -> (logits [B, C] float32, aux).
+
+    embed_delta_BxLxD, if given, is added to the input embeddings (adversarial training).
+
+    aux = {"attention": tuple of per-layer [B, H, L, L] float32, or None when the implementation
+    does not materialise weights ("chunked", "xla"); "pool_weights": [B, r, L] or None;
+    "penalty": float32 scalar ‖AAᵀ − I‖²_F averaged over non-empty sequences (0 unless structured)}.
+    """
+    tokens_BxL = _check_tokens(tokens_BxL)
+    if train and rng is None:
+        raise ValueError("classifier.apply: train=True needs an rng key for dropout; got rng=None")
+    batch = tokens_BxL.shape[0]
+    mask_BxL = tokens_BxL != PAD
+    r_encode, r_pool = jax.random.split(rng) if train else (None, None)
+    h_BxLxD, weights = encode(
+        params, tokens_BxL, cfg, train=train, rng=r_encode, embed_delta_BxLxD=embed_delta_BxLxD
+    )
+
     if cfg.pooling == "structured":
         structured = jax.vmap(pooling.structured, in_axes=(None, 0, 0))
         pooled_BxP, a_BxRxL, pen_B = structured(params["pool"], h_BxLxD, mask_BxL)
