@@ -59,6 +59,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.optim.weight_decay = 0.1  # tuned on validation: 0.01 < 0.1 ~ 0.3
     config.optim.clip_norm = 1.0
     config.optim.label_smoothing = 0.0
+    config.optim.adversarial_eps = 0.0  # > 0 adds the loss at perturbed embeddings (Miyato 2017)
+    config.optim.ema_decay = 0.0  # > 0 evaluates and serves a running average of the weights
     config.optim.penalty_weight = 0.1  # structured pooling's ||AA^T - I||^2 coefficient
     config.optim.max_nonfinite = 20  # consecutive skipped (non-finite) steps before giving up
 

@@ -61,10 +61,12 @@ def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
         )
     # The optimizer state's structure does not depend on the schedule, so one step will do.
     tx = steps.make_optimizer(config.optim, total_steps=2)
-    init = functools.partial(steps.init_state, cfg=cfg, tx=tx)
+    ema = config.optim.get("ema_decay", 0.0) > 0
+    init = functools.partial(steps.init_state, cfg=cfg, tx=tx, ema=ema)
     target = jax.eval_shape(init, jax.random.PRNGKey(0))
     state, _ = checkpoints.restore(mngr, step, target)
-    return Trained(config, cfg, state["params"], tok, tuple(meta["label_names"]), step)
+    params = steps.eval_params(state)
+    return Trained(config, cfg, params, tok, tuple(meta["label_names"]), step)
 
 
 def _latest(workdir: str, which: str) -> tuple[Any, int | None]:

@@ -36,15 +36,38 @@ def make_optimizer(
     return optax.apply_if_finite(tx, max_consecutive_errors=_NEVER)
 
 
-def init_state(key: jax.Array, cfg: classifier.ModelConfig, tx: optax.GradientTransformation):
+def init_state(
+    key: jax.Array,
+    cfg: classifier.ModelConfig,
+    tx: optax.GradientTransformation,
+    *,
+    ema: bool = False,
+):
+    """{"params", "opt_state", "step", "rng"}, plus "ema" (a running average of params) if ema."""
     init_key, dropout_key = jax.random.split(key)
     params = classifier.init(init_key, cfg)
-    return {
+    state = {
         "params": params,
         "opt_state": tx.init(params),
         "step": jnp.zeros([], jnp.int32),
         "rng": dropout_key,
     }
+    if ema:
+        state["ema"] = params
+    return state
+
+
+def eval_params(state: dict) -> Any:
+    """The params to evaluate and serve: the running average when the state keeps one."""
+    return state.get("ema", state["params"])
+
+
+def _ema_update(ema: Any, params: Any, step: jax.Array, decay: float) -> Any:
+    """The bias-corrected running average after update number step + 1: the weights of all
+    updates so far, weighted by decay**age and normalised; the initial params weigh nothing."""
+    d = jnp.float32(decay)  # one precision throughout, so the first weight is exactly 1
+    w = (1 - d) / (1 - d ** (step + 1).astype(jnp.float32))
+    return jax.tree.map(lambda e, p: e + w * (p - e), ema, params)
 
 
 def loss_and_metrics(
@@ -56,9 +79,12 @@ def loss_and_metrics(
     penalty_weight: float,
     train: bool,
     rng: jax.Array | None,
+    embed_delta_BxLxD: jax.Array | None = None,
 ):
     """Weighted mean cross-entropy (filler rows weigh 0) plus the pooling penalty."""
-    logits_BxC, aux = classifier.apply(params, batch["tokens"], cfg, train=train, rng=rng)
+    logits_BxC, aux = classifier.apply(
+        params, batch["tokens"], cfg, train=train, rng=rng, embed_delta_BxLxD=embed_delta_BxLxD
+    )
     onehot_BxC = jax.nn.one_hot(batch["label"], cfg.num_classes)
     if label_smoothing:
         onehot_BxC = optax.smooth_labels(onehot_BxC, label_smoothing)
@@ -74,12 +100,43 @@ def loss_and_metrics(
     )
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "tx", "label_smoothing", "penalty_weight"))
-def train_step(state, batch, *, cfg, tx, label_smoothing, penalty_weight):
-    """One optimizer step; a non-finite gradient leaves params unchanged and is counted."""
+def _adversarial_delta(g_BxLxD: jax.Array, eps: float) -> jax.Array:
+    """eps times each example's embedding gradient scaled to unit L2 norm over [L, D]: the
+    first-order worst case perturbation of that size (Miyato et al. 2017)."""
+    norm_B = jnp.sqrt(jnp.sum(jnp.square(g_BxLxD), axis=(1, 2), keepdims=True))
+    return jax.lax.stop_gradient(eps * g_BxLxD / (norm_B + 1e-12))
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "cfg",
+        "tx",
+        "label_smoothing",
+        "penalty_weight",
+        "ema_decay",
+        "adversarial_eps",
+    ),
+)
+def train_step(
+    state,
+    batch,
+    *,
+    cfg,
+    tx,
+    label_smoothing,
+    penalty_weight,
+    ema_decay=0.0,
+    adversarial_eps=0.0,
+):
+    """One optimizer step; a non-finite gradient leaves params unchanged and is counted.
+
+    With an "ema" entry in state, it also moves the average towards the new params by ema_decay.
+    With adversarial_eps > 0 the loss gains the loss at adversarially perturbed embeddings.
+    """
     rng = jax.random.fold_in(state["rng"], state["step"])
 
-    def loss_fn(params):
+    def loss_fn(params, delta_BxLxD):
         loss, metrics, _ = loss_and_metrics(
             params,
             batch,
@@ -88,13 +145,23 @@ def train_step(state, batch, *, cfg, tx, label_smoothing, penalty_weight):
             penalty_weight=penalty_weight,
             train=True,
             rng=rng,
+            embed_delta_BxLxD=delta_BxLxD,
         )
         return loss, metrics
 
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+    B, L = batch["tokens"].shape
+    zero_BxLxD = jnp.zeros((B, L, cfg.d_model), jnp.float32)
+    grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
+    (loss, metrics), (grads, g_BxLxD) = grad_fn(state["params"], zero_BxLxD)
+    if adversarial_eps:
+        delta_BxLxD = _adversarial_delta(g_BxLxD, adversarial_eps)
+        (_, _), (adv_grads, _) = grad_fn(state["params"], delta_BxLxD)
+        grads = jax.tree.map(jnp.add, grads, adv_grads)
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     new_state = {**state, "params": params, "opt_state": opt_state, "step": state["step"] + 1}
+    if "ema" in state:
+        new_state["ema"] = _ema_update(state["ema"], params, state["step"], ema_decay)
     metrics = {
         **metrics,
         "loss": loss,

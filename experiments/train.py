@@ -51,6 +51,25 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int, num_classes
         raise UserError(f"config.model: {e}") from None
 
 
+def check_optim(optim: ml_collections.ConfigDict) -> None:
+    """Optimizer settings outside their range fail here, by name, instead of as NaNs later."""
+    rules = {
+        "learning_rate": (lambda v: v > 0, "> 0"),
+        "warmup_steps": (lambda v: v >= 0 and float(v).is_integer(), "an integer >= 0"),
+        "weight_decay": (lambda v: v >= 0, ">= 0"),
+        "clip_norm": (lambda v: v > 0, "> 0"),
+        "label_smoothing": (lambda v: 0 <= v < 1, "in [0, 1)"),
+        "penalty_weight": (lambda v: v >= 0, ">= 0"),
+        "adversarial_eps": (lambda v: v >= 0, ">= 0 (0 = no adversarial loss)"),
+        "ema_decay": (lambda v: 0 <= v < 1, "in [0, 1) (0 = no running average)"),
+        "max_nonfinite": (lambda v: v >= 1 and float(v).is_integer(), "an integer >= 1"),
+    }
+    for name, (ok, want) in rules.items():
+        v = optim[name]
+        if isinstance(v, bool) or not isinstance(v, int | float) or not ok(v):
+            raise UserError(f"config.optim.{name} must be {want}; got {v!r}")
+
+
 def check_workdir(workdir: str) -> None:
     """Fails before any work when the workdir cannot hold checkpoints."""
     try:
@@ -103,6 +122,7 @@ def load_tokenizer_for(config, workdir: str, train_texts: list[str]):
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Trains, keeps the best-on-validation checkpoint, and returns its test metrics."""
+    check_optim(config.optim)
     check_workdir(workdir)
     check_batch_sizes(config.data)
     d, t, o = config.data, config.train, config.optim
@@ -122,7 +142,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     tx = steps.make_optimizer(o, total_steps)
     batch_sharding, replicated = data_mesh()
     put = lambda batch: jax.device_put(batch, batch_sharding)
-    state = jax.device_put(steps.init_state(jax.random.PRNGKey(t.seed), cfg, tx), replicated)
+    init = steps.init_state(jax.random.PRNGKey(t.seed), cfg, tx, ema=o.ema_decay > 0)
+    state = jax.device_put(init, replicated)
 
     last = checkpoints.manager(workdir, checkpoints.LAST, t.keep_checkpoints, cleanup_tmp=True)
     best = checkpoints.manager(workdir, checkpoints.BEST, 1, cleanup_tmp=True)
@@ -145,7 +166,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         }
 
     step_kw = dict(
-        cfg=cfg, tx=tx, label_smoothing=o.label_smoothing, penalty_weight=o.penalty_weight
+        cfg=cfg,
+        tx=tx,
+        label_smoothing=o.label_smoothing,
+        penalty_weight=o.penalty_weight,
+        ema_decay=o.ema_decay,
+        adversarial_eps=o.adversarial_eps,
     )
     bar = tqdm(total=total_steps, initial=step, desc="train", unit="step", mininterval=1.0)
     window = {
@@ -211,7 +237,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                     window = dict.fromkeys(window, 0.0) | {"start": time.perf_counter()}
                 if step % t.eval_every_steps == 0 or step == total_steps:
                     val = evaluation.evaluate(
-                        state["params"], cfg, *encoded["validation"], data=d, put=put
+                        steps.eval_params(state), cfg, *encoded["validation"], data=d, put=put
                     )
                     log.write(step, "validation", val)
                     bar.write(
@@ -234,7 +260,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             "lower config.optim.learning_rate"
         )
     best_state, _ = checkpoints.restore(best, best.latest_step(), state)
-    test = evaluation.evaluate(best_state["params"], cfg, *encoded["test"], data=d, put=put)
+    test = evaluation.evaluate(
+        steps.eval_params(best_state), cfg, *encoded["test"], data=d, put=put
+    )
     test["step"] = best.latest_step()
     write_json(os.path.join(workdir, "eval_test.json"), test)
     return test

@@ -122,6 +122,16 @@ CASES = {
         ],
         ["pooling", "avg"],
     ),
+    "optimizer value out of range": (
+        None,
+        [
+            "experiments.train",
+            "--config=configs/default.py:tiny",
+            "--workdir={w}",
+            "--config.optim.ema_decay=1.0",
+        ],
+        ["config.optim.ema_decay", "[0, 1)", "1.0"],
+    ),
     "checkpoint of another model": (
         "copy",
         ["experiments.train", *tiny_flags("{t}"), "--workdir={w}", "--config.model.d_model=32"],
