@@ -149,14 +149,16 @@ def train_step(
         )
         return loss, metrics
 
-    B, L = batch["tokens"].shape
-    zero_BxLxD = jnp.zeros((B, L, cfg.d_model), jnp.float32)
-    grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
-    (loss, metrics), (grads, g_BxLxD) = grad_fn(state["params"], zero_BxLxD)
     if adversarial_eps:
+        grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
+        zero_BxLxD = jnp.zeros((*batch["tokens"].shape, cfg.d_model), jnp.float32)
+        (loss, metrics), (grads, g_BxLxD) = grad_fn(state["params"], zero_BxLxD)
         delta_BxLxD = _adversarial_delta(g_BxLxD, adversarial_eps)
-        (_, _), (adv_grads, _) = grad_fn(state["params"], delta_BxLxD)
+        _, (adv_grads, _) = grad_fn(state["params"], delta_BxLxD)
         grads = jax.tree.map(jnp.add, grads, adv_grads)
+    else:
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+        (loss, metrics), grads = grad_fn(state["params"], None)
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     new_state = {**state, "params": params, "opt_state": opt_state, "step": state["step"] + 1}
