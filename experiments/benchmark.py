@@ -430,15 +430,21 @@ def input_pipeline_share(config, enc, labels, state, step_kw, num_steps: int) ->
 # 3. accuracy
 
 
-def tfidf_baseline(data_cfg, *, grid: tuple[float, ...], max_train: int | None = None) -> dict:
-    """Char 1-3-gram TF-IDF + logistic regression: fit on train, C chosen on validation."""
+def tfidf_baseline(
+    data_cfg, *, grid: tuple[float, ...], sublinear: bool, max_train: int | None = None
+) -> dict:
+    """Char 1-3-gram TF-IDF + logistic regression: fit on train, C chosen on validation.
+
+    sublinear=True (tf -> 1 + log tf) is the recipe of shared/DESIGN.md's 86.3%."""
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
 
     start = time.perf_counter()
     split = datasets.load_splits(data_cfg)
     x_train, y_train = split["train"][0][:max_train], split["train"][1][:max_train]
-    vec = TfidfVectorizer(analyzer="char", ngram_range=(1, 3), lowercase=data_cfg.lowercase)
+    vec = TfidfVectorizer(
+        analyzer="char", ngram_range=(1, 3), lowercase=data_cfg.lowercase, sublinear_tf=sublinear
+    )
     f_train = vec.fit_transform(x_train)
     f_val, f_test = (vec.transform(split[s][0]) for s in ("validation", "test"))
     val_acc, models = {}, {}
@@ -449,6 +455,7 @@ def tfidf_baseline(data_cfg, *, grid: tuple[float, ...], max_train: int | None =
     test_acc = float((models[best].predict(f_test) == split["test"][1]).mean())
     return {
         "test_accuracy": test_acc,
+        "sublinear_tf": sublinear,
         "best_C": best,
         "validation_accuracy": {str(c): a for c, a in val_acc.items()},
         "num_train": len(x_train),
@@ -496,18 +503,24 @@ def bench_accuracy(quick: bool) -> dict:
     for name in ("default", "structured", "mean"):
         r = results[name]
         print(f"{name}: test {r['test_accuracy']:.4f} ({r['wall_s']:.0f} s)")
-    grid = (1.0, 10.0) if quick else (0.3, 1.0, 3.0, 10.0, 30.0)
-    results["tfidf_logreg"] = tfidf_baseline(
-        default.data, grid=grid, max_train=2000 if quick else None
+    grid = (1.0, 10.0) if quick else (0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
+    for key, sublinear in (("tfidf_logreg", False), ("tfidf_sublinear_logreg", True)):
+        results[key] = tfidf_baseline(
+            default.data, grid=grid, sublinear=sublinear, max_train=2000 if quick else None
+        )
+        b = results[key]
+        print(f"{key}: test {b['test_accuracy']:.4f} (C={b['best_C']}, {b['wall_s']:.0f} s)")
+    # The bar is the better of the two on test: stricter than choosing between them on validation.
+    b = max(
+        results["tfidf_logreg"], results["tfidf_sublinear_logreg"], key=lambda r: r["test_accuracy"]
     )
-    b = results["tfidf_logreg"]
-    print(f"tfidf+logreg: test {b['test_accuracy']:.4f} (C={b['best_C']}, {b['wall_s']:.0f} s)")
     d = results["default"]
     results["config"] = base
     results["peak_rss_bytes"] = peak_rss_bytes()
     results["targets"] = {
         "beats_baseline": {
-            "target": "default config beats TF-IDF+logreg test accuracy in < 5 min on 2 cores",
+            "target": "default config beats the better TF-IDF+logreg test accuracy in < 5 min "
+            "on 2 cores",
             "accuracy": d["test_accuracy"],
             "baseline": b["test_accuracy"],
             "wall_s": d["wall_s"],
@@ -689,6 +702,7 @@ def _train_md(tr: dict) -> list[str]:
 
 def _accuracy_md(acc: dict) -> list[str]:
     b, t = acc["tfidf_logreg"], acc["targets"]["beats_baseline"]
+    bs = acc["tfidf_sublinear_logreg"]
     lines = [
         "## 3. Accuracy",
         "",
@@ -697,7 +711,7 @@ def _accuracy_md(acc: dict) -> list[str]:
         f"Baseline: character 1-3-gram TF-IDF + logistic regression (scikit-learn), fit on "
         f"train ({b['num_train']:,} texts), C chosen on validation from "
         f"{sorted(float(c) for c in b['validation_accuracy'])}, test on the same "
-        f"{b['num_test']:,} examples.",
+        f"{b['num_test']:,} examples; with and without sublinear tf (1 + log tf).",
         "",
         "| model | test accuracy | macro-F1 | wall (s) | note |",
         "|---|---|---|---|---|",
@@ -715,6 +729,8 @@ def _accuracy_md(acc: dict) -> list[str]:
         )
     lines += [
         f"| TF-IDF + logreg | {b['test_accuracy']:.4f} | | {b['wall_s']:.0f} | C={b['best_C']} |",
+        f"| TF-IDF (sublinear tf) + logreg | {bs['test_accuracy']:.4f} | | {bs['wall_s']:.0f} | "
+        f"C={bs['best_C']} |",
         "",
         "### Target",
         "",
