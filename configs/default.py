@@ -43,8 +43,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.pooling = "mean"
     config.model.pool_hops = 4
     config.model.pool_hidden = 64
-    config.model.dropout = 0.3
-    config.model.embed_dropout = 0.3
+    config.model.dropout = 0.15  # with the adversarial loss: 0.15 > 0.3 on validation (2 seeds)
+    config.model.embed_dropout = 0.15
     config.model.score = "scaled_dot"
     config.model.implementation = "matrix"
     config.model.q_chunk = 128
@@ -59,7 +59,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.optim.weight_decay = 0.1  # tuned on validation: 0.01 < 0.1 ~ 0.3
     config.optim.clip_norm = 1.0
     config.optim.label_smoothing = 0.0
-    config.optim.adversarial_eps = 0.0  # > 0 adds the loss at perturbed embeddings (Miyato 2017)
+    # Adds the loss at embeddings perturbed along the gradient (Miyato et al. 2017): +1.1 pt mean
+    # validation over 2 seeds; 1 ~ 1.5 < 2, and 3 or 5 stall at the majority class.
+    config.optim.adversarial_eps = 2.0
     config.optim.ema_decay = 0.0  # > 0 evaluates and serves a running average of the weights
     config.optim.penalty_weight = 0.1  # structured pooling's ||AA^T - I||^2 coefficient
     config.optim.max_nonfinite = 20  # consecutive skipped (non-finite) steps before giving up
