@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+import jax
 import numpy as np
 import pytest
 from conftest import (
@@ -146,3 +147,18 @@ def test_eight_devices_give_the_same_per_step_loss(trained, tfds_dir, tmp_path):
     for r8, r1 in zip(rows8, rows1, strict=True):
         assert r8["loss"] == pytest.approx(r1["loss"], abs=1e-5), (r8, r1)
         assert r8["accuracy"] == pytest.approx(r1["accuracy"], abs=1e-6)
+
+
+def test_weight_average_is_what_evaluate_and_predict_use(tfds_dir, tmp_path):
+    workdir = str(tmp_path / "ema")
+    train.train_and_evaluate(tiny_config(tfds_dir, optim__ema_decay=0.9), workdir)
+    best_step = int(os.listdir(os.path.join(workdir, "best"))[0])
+    state = saved_state(workdir, best_step, which="best")
+    loaded = inference.load(workdir)
+    assert_trees_equal(loaded.params, state["ema"])
+    gap = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), state["ema"], state["params"])
+    assert max(jax.tree.leaves(gap)) > 0  # the average really differs from the last weights
+    # The logged best validation accuracy was computed with the average.
+    result = evaluate.evaluate_workdir(workdir, "validation")
+    best = max(r["accuracy"] for r in metric_rows(workdir) if r["split"] == "validation")
+    assert result["accuracy"] == pytest.approx(best, abs=1e-6)
