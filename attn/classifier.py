@@ -182,6 +182,16 @@ def embed(params: dict, tokens_BxL: jax.Array, cfg: ModelConfig) -> jax.Array:
 _SIMPLE_POOLS = {"cls": pooling.cls_pool, "mean": pooling.mean_pool, "max": pooling.max_pool}
 
 
+def _check_tokens(tokens_BxL) -> jax.Array:
+    tokens_BxL = jnp.asarray(tokens_BxL)
+    if tokens_BxL.ndim != 2 or not jnp.issubdtype(tokens_BxL.dtype, jnp.integer):
+        raise ValueError(
+            f"tokens must be an integer array [batch, length]; got {tokens_BxL.dtype}"
+            f"{list(tokens_BxL.shape)}"
+        )
+    return tokens_BxL
+
+
 def encode(
     params: dict,
     tokens_BxL: jax.Array,
@@ -192,10 +202,13 @@ def encode(
     embed_delta_BxLxD: jax.Array | None = None,
 ) -> tuple[jax.Array, list]:
     """Int token ids [B, L] -> (final-LayerNorm'd states [B, L, D], per-layer attention weights
-    [B, H, L, L] or None each); the part shared by classification and masked-token pretraining.
+    [B, H, L, L] or None each): the model up to pooling, for objectives on per-token states.
 
     embed_delta_BxLxD, if given, is added to the input embeddings (adversarial training).
     """
+    tokens_BxL = _check_tokens(tokens_BxL)
+    if train and rng is None:
+        raise ValueError("classifier: train=True needs an rng key for dropout; got rng=None")
     batch = tokens_BxL.shape[0]
     mask_BxL = tokens_BxL != PAD
     r_embed, r_layers = jax.random.split(rng) if train else (None, None)
@@ -232,16 +245,6 @@ def encode(
     return layers.layer_norm(params["final_ln"], x_BxLxD), weights
 
 
-def _check_tokens(tokens_BxL) -> jax.Array:
-    tokens_BxL = jnp.asarray(tokens_BxL)
-    if tokens_BxL.ndim != 2 or not jnp.issubdtype(tokens_BxL.dtype, jnp.integer):
-        raise ValueError(
-            f"tokens must be an integer array [batch, length]; got {tokens_BxL.dtype}"
-            f"{list(tokens_BxL.shape)}"
-        )
-    return tokens_BxL
-
-
 def apply(
     params: dict,
     tokens_BxL: jax.Array,
@@ -261,7 +264,7 @@ def apply(
     """
     tokens_BxL = _check_tokens(tokens_BxL)
     if train and rng is None:
-        raise ValueError("classifier.apply: train=True needs an rng key for dropout; got rng=None")
+        raise ValueError("classifier: train=True needs an rng key for dropout; got rng=None")
     batch = tokens_BxL.shape[0]
     mask_BxL = tokens_BxL != PAD
     r_encode, r_pool = jax.random.split(rng) if train else (None, None)

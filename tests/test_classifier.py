@@ -268,3 +268,24 @@ def test_config_lists_valid_options_and_is_hashable():
     assert hash(cfg) == hash(_cfg(ngram_orders=(2, 3), ngram_buckets=5))
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.d_model = 16
+
+
+def test_encode_is_apply_before_pooling_and_embed_delta_shifts_the_embeddings():
+    cfg = _cfg(pooling="mean", ngram_buckets=17)
+    params = classifier.init(jax.random.key(0), cfg)
+    h_BxLxD, _ = classifier.encode(params, TOKENS, cfg)
+    mask_BxLx1 = (TOKENS != 0)[..., None]
+    pooled_BxD = (h_BxLxD * mask_BxLx1).sum(1) / mask_BxLx1.sum(1)
+    logits, _ = classifier.apply(params, TOKENS, cfg)
+    np.testing.assert_allclose(
+        pooled_BxD @ params["head"]["w"] + params["head"]["b"], logits, atol=1e-5
+    )
+    # A delta equal to minus the position embeddings is the same as having no positions.
+    minus_pos = -params["embed"]["positions"][None, : TOKENS.shape[1]]
+    minus_pos_BxLxD = jnp.broadcast_to(minus_pos, (*TOKENS.shape, cfg.d_model))
+    shifted, _ = classifier.apply(params, TOKENS, cfg, embed_delta_BxLxD=minus_pos_BxLxD)
+    no_pos = {**params, "embed": {k: v for k, v in params["embed"].items() if k != "positions"}}
+    unpositioned, _ = classifier.apply(
+        no_pos, TOKENS, _cfg(pooling="mean", ngram_buckets=17, positions="none")
+    )
+    np.testing.assert_allclose(shifted, unpositioned, atol=1e-5)
