@@ -53,7 +53,9 @@ def restore(mngr: ocp.CheckpointManager, step: int, target: Any) -> tuple[Any, d
     try:
         out = mngr.restore(step, args=args)
     except Exception as e:  # a truncated or foreign checkpoint
-        raise UserError(f"cannot restore checkpoint {mngr.directory}/{step}: {e}") from None
+        # Orbax's messages can run to pages of tree dumps; the first line names the problem.
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(f"cannot restore checkpoint {mngr.directory}/{step}: {reason}") from None
     return out["state"], out["meta"]
 
 

@@ -61,8 +61,7 @@ def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
         )
     # The optimizer state's structure does not depend on the schedule, so one step will do.
     tx = steps.make_optimizer(config.optim, total_steps=2)
-    ema = config.optim.get("ema_decay", 0.0) > 0
-    init = functools.partial(steps.init_state, cfg=cfg, tx=tx, ema=ema)
+    init = functools.partial(steps.init_state, cfg=cfg, tx=tx, ema=meta.get("ema", False))
     target = jax.eval_shape(init, jax.random.PRNGKey(0))
     state, _ = checkpoints.restore(mngr, step, target)
     params = steps.eval_params(state)

@@ -151,6 +151,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if last.latest_step() is not None:
         meta = checkpoints.read_meta(last, last.latest_step())
         checkpoints.check_same_model(meta["model"], cfg, f"workdir {workdir!r}")
+        if meta.get("ema", False) != (o.ema_decay > 0):
+            raise UserError(
+                f"workdir {workdir!r} was trained {'with' if meta.get('ema') else 'without'} a "
+                f"weight average but config.optim.ema_decay={o.ema_decay}; use a new --workdir "
+                "or the original setting"
+            )
         state, meta = checkpoints.restore(last, last.latest_step(), state)
         step, best_acc = int(state["step"]), meta["best_val_accuracy"]
         print(f"resuming from step {step} of {total_steps}", file=sys.stderr)
@@ -163,6 +169,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             "label_names": list(label_names),
             "step": step,
             "best_val_accuracy": best_acc,
+            "ema": o.ema_decay > 0,  # the state holds an "ema" entry
         }
 
     step_kw = dict(

@@ -137,6 +137,11 @@ CASES = {
         ["experiments.train", *tiny_flags("{t}"), "--workdir={w}", "--config.model.d_model=32"],
         ["d_model: checkpoint 16 vs config 32"],
     ),
+    "resume with the weight average switched on": (
+        "copy",
+        ["experiments.train", *tiny_flags("{t}"), "--workdir={w}", "--config.optim.ema_decay=0.9"],
+        ["trained without a weight average", "ema_decay=0.9"],
+    ),
 }
 
 
