@@ -182,13 +182,16 @@ def embed(params: dict, tokens_BxL: jax.Array, cfg: ModelConfig) -> jax.Array:
 _SIMPLE_POOLS = {"cls": pooling.cls_pool, "mean": pooling.mean_pool, "max": pooling.max_pool}
 
 
-def _check_tokens(tokens_BxL) -> jax.Array:
+def _check_inputs(tokens_BxL, train: bool, rng) -> jax.Array:
+    """The tokens as an array; ValueError for tokens not int [B, L], or train without rng."""
     tokens_BxL = jnp.asarray(tokens_BxL)
     if tokens_BxL.ndim != 2 or not jnp.issubdtype(tokens_BxL.dtype, jnp.integer):
         raise ValueError(
             f"tokens must be an integer array [batch, length]; got {tokens_BxL.dtype}"
             f"{list(tokens_BxL.shape)}"
         )
+    if train and rng is None:
+        raise ValueError("classifier: train=True needs an rng key for dropout; got rng=None")
     return tokens_BxL
 
 
@@ -206,9 +209,7 @@ def encode(
 
     embed_delta_BxLxD, if given, is added to the input embeddings (adversarial training).
     """
-    tokens_BxL = _check_tokens(tokens_BxL)
-    if train and rng is None:
-        raise ValueError("classifier: train=True needs an rng key for dropout; got rng=None")
+    tokens_BxL = _check_inputs(tokens_BxL, train, rng)
     batch = tokens_BxL.shape[0]
     mask_BxL = tokens_BxL != PAD
     r_embed, r_layers = jax.random.split(rng) if train else (None, None)
@@ -262,9 +263,7 @@ def apply(
     does not materialise weights ("chunked", "xla"); "pool_weights": [B, r, L] or None;
     "penalty": float32 scalar ‖AAᵀ − I‖²_F averaged over non-empty sequences (0 unless structured)}.
     """
-    tokens_BxL = _check_tokens(tokens_BxL)
-    if train and rng is None:
-        raise ValueError("classifier: train=True needs an rng key for dropout; got rng=None")
+    tokens_BxL = _check_inputs(tokens_BxL, train, rng)
     batch = tokens_BxL.shape[0]
     mask_BxL = tokens_BxL != PAD
     r_encode, r_pool = jax.random.split(rng) if train else (None, None)

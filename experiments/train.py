@@ -126,6 +126,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     check_workdir(workdir)
     check_batch_sizes(config.data)
     d, t, o = config.data, config.train, config.optim
+    use_ema = o.ema_decay > 0
     splits = datasets.load_splits(d)
     label_names = splits["train"][2]
     tok = load_tokenizer_for(config, workdir, splits["train"][0])
@@ -142,7 +143,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     tx = steps.make_optimizer(o, total_steps)
     batch_sharding, replicated = data_mesh()
     put = lambda batch: jax.device_put(batch, batch_sharding)
-    init = steps.init_state(jax.random.PRNGKey(t.seed), cfg, tx, ema=o.ema_decay > 0)
+    init = steps.init_state(jax.random.PRNGKey(t.seed), cfg, tx, ema=use_ema)
     state = jax.device_put(init, replicated)
 
     last = checkpoints.manager(workdir, checkpoints.LAST, t.keep_checkpoints, cleanup_tmp=True)
@@ -151,7 +152,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if last.latest_step() is not None:
         meta = checkpoints.read_meta(last, last.latest_step())
         checkpoints.check_same_model(meta["model"], cfg, f"workdir {workdir!r}")
-        if meta.get("ema", False) != (o.ema_decay > 0):
+        if meta.get("ema", False) != use_ema:
             raise UserError(
                 f"workdir {workdir!r} was trained {'with' if meta.get('ema') else 'without'} a "
                 f"weight average but config.optim.ema_decay={o.ema_decay}; use a new --workdir "
@@ -169,7 +170,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             "label_names": list(label_names),
             "step": step,
             "best_val_accuracy": best_acc,
-            "ema": o.ema_decay > 0,  # the state holds an "ema" entry
+            "ema": use_ema,  # the state holds an "ema" entry
         }
 
     step_kw = dict(

@@ -9,6 +9,14 @@ import pytest
 from attn import classifier
 from experiments import steps
 
+CFG = classifier.ModelConfig(vocab_size=20, d_model=8, num_heads=2, d_ff=16, max_len=6)
+# Two examples, the first padded: [B=2, L=6].
+BATCH = {
+    "tokens": jnp.array([[3, 4, 5, 6, 0, 0], [7, 8, 9, 10, 11, 12]]),
+    "label": jnp.array([0, 1]),
+    "weight": jnp.ones(2),
+}
+
 
 def test_ema_is_the_normalised_decay_weighted_average_of_all_updates():
     decay, n = 0.9, 25
@@ -36,17 +44,11 @@ def test_adversarial_delta_has_norm_eps_per_example_along_the_gradient():
 
 
 def test_adversarial_delta_raises_the_loss_more_than_a_random_one():
-    cfg = classifier.ModelConfig(vocab_size=20, d_model=8, num_heads=2, d_ff=16, max_len=6)
-    params = classifier.init(jax.random.PRNGKey(0), cfg)
-    batch = {
-        "tokens": jnp.array([[3, 4, 5, 6, 0, 0], [7, 8, 9, 10, 11, 12]]),
-        "label": jnp.array([0, 1]),
-        "weight": jnp.ones(2),
-    }
+    params = classifier.init(jax.random.PRNGKey(0), CFG)
 
     def loss(delta):
         kw = dict(label_smoothing=0.0, penalty_weight=0.0, train=False, rng=None)
-        return steps.loss_and_metrics(params, batch, cfg, embed_delta_BxLxD=delta, **kw)[0]
+        return steps.loss_and_metrics(params, BATCH, CFG, embed_delta_BxLxD=delta, **kw)[0]
 
     zero = jnp.zeros((2, 6, 8))
     adversarial = steps._adversarial_delta(jax.grad(loss)(zero), 0.5)
@@ -57,20 +59,14 @@ def test_adversarial_delta_raises_the_loss_more_than_a_random_one():
 
 
 def test_train_step_adversarial_loss_changes_the_update_not_the_reported_loss():
-    cfg = classifier.ModelConfig(vocab_size=20, d_model=8, num_heads=2, d_ff=16, max_len=6)
     optim = ml_collections.ConfigDict(
         {"learning_rate": 1e-2, "warmup_steps": 0, "weight_decay": 0.0, "clip_norm": 1.0}
     )
     tx = steps.make_optimizer(optim, total_steps=10)
-    state = steps.init_state(jax.random.PRNGKey(0), cfg, tx, ema=True)
-    batch = {
-        "tokens": jnp.array([[3, 4, 5, 0], [7, 8, 9, 10]]),
-        "label": jnp.array([0, 1]),
-        "weight": jnp.ones(2),
-    }
-    kw = dict(cfg=cfg, tx=tx, label_smoothing=0.0, penalty_weight=0.0, ema_decay=0.5)
-    plain, m_plain = steps.train_step(state, batch, adversarial_eps=0.0, **kw)
-    adv, m_adv = steps.train_step(state, batch, adversarial_eps=1.0, **kw)
+    state = steps.init_state(jax.random.PRNGKey(0), CFG, tx, ema=True)
+    kw = dict(cfg=CFG, tx=tx, label_smoothing=0.0, penalty_weight=0.0, ema_decay=0.5)
+    plain, m_plain = steps.train_step(state, BATCH, adversarial_eps=0.0, **kw)
+    adv, m_adv = steps.train_step(state, BATCH, adversarial_eps=1.0, **kw)
     assert float(m_adv["loss"]) == pytest.approx(float(m_plain["loss"]), rel=1e-6)
     diff = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), plain["params"], adv["params"])
     assert max(jax.tree.leaves(diff)) > 1e-4
