@@ -31,7 +31,13 @@ def manager(
         cleanup_tmp_directories=cleanup_tmp,
     )
     path = os.path.join(os.path.abspath(workdir), which)
-    return ocp.CheckpointManager(path, item_names=("state", "meta"), options=options)
+    mngr = ocp.CheckpointManager(path, item_names=("state", "meta"), options=options)
+    if cleanup_tmp:
+        # Orbax deletes half-written saves in a background thread and waits for it only before
+        # the next save. A run that stops before saving (a refused resume) would exit under that
+        # thread, which then prints its own traceback; so wait now. Private in orbax 0.12.8.
+        mngr._maybe_await_cleanup_tmp_directory()
+    return mngr
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict) -> None:
