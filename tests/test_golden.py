@@ -1,0 +1,75 @@
+"""One train step on a fixed batch gives recorded numbers: a silent model change fails here.
+
+The values were recorded from the code as it was when this test was added: a tiny model with
+hashed n-grams and dropout on, the default config's optimizer settings (without warmup, which
+would make the first update zero) and its adversarial loss, all written out below. If a change is
+meant to alter the model, the loss or the optimizer, re-record them and say why in the commit.
+"""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+
+from attn import classifier
+from experiments import steps
+
+CFG = classifier.ModelConfig(
+    vocab_size=40,
+    num_classes=2,
+    max_len=8,
+    d_model=16,
+    num_heads=2,
+    d_ff=32,
+    ngram_buckets=64,
+    ngram_orders=(2, 3),
+    dropout=0.15,
+    embed_dropout=0.15,
+)
+OPTIM = ml_collections.ConfigDict(
+    {
+        "learning_rate": 5e-3,
+        "warmup_steps": 0,
+        "weight_decay": 0.1,
+        "clip_norm": 1.0,
+        "label_smoothing": 0.0,
+        "adversarial_eps": 2.0,
+        "ema_decay": 0.0,
+        "penalty_weight": 0.1,
+    }
+)
+LOSS, GRAD_NORM, PARAM_NORM = 0.7444908618927002, 6.6360578536987305, 27.862167358398438
+
+
+def _batch() -> dict:
+    """[B=4, L=8]: two rows padded, the last row a filler (weight 0)."""
+    tokens = (np.arange(32).reshape(4, 8) * 7 % 37 + 3).astype(np.int32)
+    tokens[1, 5:] = 0
+    tokens[3, 2:] = 0
+    return {
+        "tokens": jnp.asarray(tokens),
+        "mask": jnp.asarray(tokens != 0),
+        "label": jnp.array([0, 1, 1, 0], jnp.int32),
+        "weight": jnp.array([1, 1, 1, 0], jnp.float32),
+    }
+
+
+def test_one_train_step_gives_the_recorded_loss_and_gradient_norm():
+    o = OPTIM
+    tx = steps.make_optimizer(o, total_steps=100)
+    state = steps.init_state(jax.random.PRNGKey(0), CFG, tx)
+    new, m = steps.train_step(
+        state,
+        _batch(),
+        cfg=CFG,
+        tx=tx,
+        label_smoothing=o.label_smoothing,
+        penalty_weight=o.penalty_weight,
+        ema_decay=o.ema_decay,
+        adversarial_eps=o.adversarial_eps,
+    )
+    assert float(m["loss"]) == pytest.approx(LOSS, rel=1e-6, abs=1e-6)
+    assert float(m["grad_norm"]) == pytest.approx(GRAD_NORM, rel=1e-6, abs=1e-6)
+    assert float(optax.tree.norm(new["params"])) == pytest.approx(PARAM_NORM, rel=1e-6, abs=1e-6)
