@@ -26,7 +26,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check . && $(BIN)/ruff check .
 
 benchmark: $(STAMP)
-	$(BIN)/python -m experiments.benchmark all
+	$(BIN)/python -m benchmarks all
 
 clean:
 	rm -rf $(VENV)

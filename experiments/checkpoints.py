@@ -1,4 +1,4 @@
-"""Orbax checkpoints of the train state, plus the JSON metadata that says which model they hold.
+"""Orbax checkpoints of the train state, plus the JSON metadata that says which run they hold.
 
 Layout of a workdir:
   checkpoints/<step>/{state,meta}   the last `keep` train states (params, optimizer, step, rng)
@@ -6,38 +6,67 @@ Layout of a workdir:
   vocab.txt, tokenizer.json         the tokenizer the checkpoints were trained with
 Orbax writes each step into a temporary directory and renames it when complete, so a killed
 save leaves nothing that `latest_step` would pick.
+
+Each step's meta (`new_meta`) says which run it belongs to and where that run stood.
 """
 
 import dataclasses
 import os
+import shutil
+from collections.abc import Sequence
 from typing import Any
 
 import orbax.checkpoint as ocp
 
-from experiments.errors import UserError
+from attn import classifier
+from experiments.cli import UserError
 
 LAST, BEST = "checkpoints", "best"
 
 
-def manager(
-    workdir: str, which: str, keep: int, *, cleanup_tmp: bool = False
-) -> ocp.CheckpointManager:
-    """`cleanup_tmp` deletes saves a killed run left half-written: only for the training run,
-    since a reader (evaluate during training) would delete the trainer's save in progress."""
-    options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep,
-        create=True,
-        enable_async_checkpointing=False,
-        cleanup_tmp_directories=cleanup_tmp,
-    )
+def new_meta(cfg: classifier.ModelConfig, label_names: Sequence[str], *, ema: bool) -> dict:
+    """The meta of a new run: its model config, whether its state holds a weight average ("ema"),
+    its label names; the train loop keeps "step" and "best_val_accuracy" up to date."""
+    return {
+        "model": dataclasses.asdict(cfg),
+        "ema": ema,
+        "label_names": list(label_names),
+        "step": 0,
+        "best_val_accuracy": -1.0,
+    }
+
+
+def writer(workdir: str, which: str, keep: int) -> ocp.CheckpointManager:
+    """The training run's manager of `workdir/which`, keeping the newest `keep` steps.
+
+    First it deletes the saves a killed run left half-written. Only the training run may: a reader
+    (evaluate during training) would delete the trainer's save in progress. Orbax could do it
+    itself, in a thread that a run refused before its first save would exit under; this is the
+    same deletion through its public API, finished before the manager exists.
+    """
     path = os.path.join(os.path.abspath(workdir), which)
-    mngr = ocp.CheckpointManager(path, item_names=("state", "meta"), options=options)
-    if cleanup_tmp:
-        # Orbax deletes half-written saves in a background thread and waits for it only before
-        # the next save. A run that stops before saving (a refused resume) would exit under that
-        # thread, which then prints its own traceback; so wait now. Private in orbax 0.12.8.
-        mngr._maybe_await_cleanup_tmp_directory()
-    return mngr
+    if os.path.isdir(path):
+        for tmp in ocp.path.step.all_temporary_paths(path):
+            shutil.rmtree(tmp.get())
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep, create=True, enable_async_checkpointing=False
+    )
+    return ocp.CheckpointManager(path, item_names=("state", "meta"), options=options)
+
+
+def reader(workdir: str, which: str) -> ocp.CheckpointManager:
+    """A manager of `workdir/which` for reading: it creates and deletes nothing."""
+    path = os.path.join(os.path.abspath(workdir), which)
+    options = ocp.CheckpointManagerOptions(create=False, enable_async_checkpointing=False)
+    return ocp.CheckpointManager(path, item_names=("state", "meta"), options=options)
+
+
+def latest_step(workdir: str, which: str) -> int | None:
+    """The newest complete step in `workdir/which`; None when there is none."""
+    if not os.path.isdir(os.path.join(workdir, which)):
+        return None
+    with reader(workdir, which) as mngr:
+        return mngr.latest_step()
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict) -> None:
@@ -53,9 +82,20 @@ def read_meta(mngr: ocp.CheckpointManager, step: int) -> dict:
     return mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
 
-def restore(mngr: ocp.CheckpointManager, step: int, target: Any) -> tuple[Any, dict]:
-    """Restores `step` into the structure, dtypes and shardings of `target`."""
-    args = ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
+def restore(
+    mngr: ocp.CheckpointManager, step: int, target: Any, *, partial: bool = False
+) -> tuple[Any, dict]:
+    """Restores `step` into the structure, dtypes and shardings of `target`; with `partial`,
+    only the entries `target` names (e.g. the params without the optimizer state)."""
+    if partial:
+        item = ocp.args.PyTreeRestore(
+            item=target,
+            restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+            partial_restore=True,
+        )
+    else:
+        item = ocp.args.StandardRestore(target)
+    args = ocp.args.Composite(state=item, meta=ocp.args.JsonRestore())
     try:
         out = mngr.restore(step, args=args)
     except Exception as e:  # a truncated or foreign checkpoint
@@ -65,20 +105,28 @@ def restore(mngr: ocp.CheckpointManager, step: int, target: Any) -> tuple[Any, d
     return out["state"], out["meta"]
 
 
-def check_same_model(saved: dict, model_cfg: Any, where: str) -> None:
-    """Refuses a checkpoint whose model config differs, naming every differing field."""
-    current = dataclasses.asdict(model_cfg)
+def resume(mngr: ocp.CheckpointManager, state: Any, meta: dict, workdir: str) -> tuple[Any, dict]:
+    """The newest checkpoint restored into `state`'s structure, and its meta; `state` and `meta`
+    unchanged when there is none. A checkpoint of a different run (any field of the model config
+    or the weight-average flag) is refused, naming every differing field."""
+    step = mngr.latest_step()
+    if step is None:
+        return state, meta
+    saved, current = _run_fields(read_meta(mngr, step)), _run_fields(meta)
     diff = [
         f"{k}: checkpoint {saved.get(k)!r} vs config {v!r}"
         for k, v in current.items()
-        if _jsonable(saved.get(k)) != _jsonable(v)
+        if saved.get(k) != v
     ]
     if diff:
         raise UserError(
-            f"{where} holds a checkpoint of a different model ({'; '.join(diff)}); "
+            f"workdir {workdir!r} holds a checkpoint of a different model ({'; '.join(diff)}); "
             "use a new --workdir or the original config"
         )
+    return restore(mngr, step, state)
 
 
-def _jsonable(x: Any) -> Any:
-    return list(x) if isinstance(x, tuple) else x
+def _run_fields(meta: dict) -> dict:
+    """What must match to continue a run, as JSON has it (tuples are lists)."""
+    model = {k: list(v) if isinstance(v, tuple) else v for k, v in meta["model"].items()}
+    return {**model, "ema": meta.get("ema", False)}

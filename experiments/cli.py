@@ -1,4 +1,9 @@
-"""Command-line plumbing for the entry points: flag parsing that reports mistakes in one line."""
+"""Command-line plumbing for the entry points: flags, config files and one-line errors.
+
+An entry point defines its flags with `define_flags(fv)`, does its work in `main(fv, argv)`, and
+ends with `cli.main(define_flags, main)`. `run` does the same in this process, on fresh flags:
+what a command line prints and returns, without starting Python again.
+"""
 
 import importlib.util
 import os
@@ -8,7 +13,12 @@ from collections.abc import Callable, Sequence
 import ml_collections
 from absl import app, flags, logging
 
-from experiments.errors import UserError, run_cli
+Define = Callable[[flags.FlagValues], None]
+Main = Callable[[flags.FlagValues, list[str]], int | None]
+
+
+class UserError(Exception):
+    """Bad input from a user (file, text, config, checkpoint): one-line report, exit status 2."""
 
 
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
@@ -25,24 +35,66 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
         raise UserError(f"cannot load config {spec!r}: {e}") from None
 
 
-def _explain_override(argv: Sequence[str]) -> str | None:
-    """Names the first `--config.a.b=v` override whose key does not exist, with the valid keys."""
-    spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
-    if spec is None:
-        return None
-    config = load_config_file(spec)
-    for arg in argv:
-        if not arg.startswith("--config."):
-            continue
-        keys = arg[len("--config.") :].split("=", 1)[0].split(".")
-        node = config
-        for depth, key in enumerate(keys):
-            if not isinstance(node, ml_collections.ConfigDict) or key not in node:
-                where = ".".join(["config", *keys[:depth]])
-                valid = ", ".join(sorted(node.keys())) if hasattr(node, "keys") else "(none)"
-                return f"unknown config field {'.'.join(keys)!r}: {where} has {valid}"
-            node = node[key]
-    return None
+def parse(fv: flags.FlagValues, argv: Sequence[str]) -> list[str]:
+    """absl flag parsing into `fv`; every mistake becomes a one-line UserError."""
+    try:
+        rest = fv(argv)
+        _check_config_loaded(fv)
+        return rest
+    except flags.Error as e:
+        raise UserError(_one_line(str(e))) from None
+    except UserError:
+        raise
+    except Exception as e:  # ml_collections: an override of a field that does not exist
+        raise UserError(_unknown_override(argv[1:], e)) from None
+
+
+def run(define_flags: Define, entry: Main, argv: Sequence[str]) -> int:
+    """Runs an entry point on `argv` in this process, with fresh flags; returns the exit status."""
+    fv = flags.FlagValues()
+    define_flags(fv)
+
+    def parse_and_run() -> int | None:
+        saved, sys.argv = sys.argv, list(argv)  # config_flags reads overrides from sys.argv
+        try:
+            rest = parse(fv, argv)
+        finally:
+            sys.argv = saved
+        return entry(fv, rest)
+
+    return _reported(parse_and_run)
+
+
+def main(define_flags: Define, entry: Main) -> None:
+    """An entry point's `__main__`: absl's app.run (help flags, logging) with one-line errors."""
+    define_flags(flags.FLAGS)
+    rest: list[list[str]] = []
+
+    def parse_or_exit(argv: list[str]) -> list[str]:
+        status = _reported(lambda: rest.append(parse(flags.FLAGS, argv)))
+        if status:
+            sys.exit(status)
+        return rest[0]
+
+    app.run(lambda argv: _reported(lambda: entry(flags.FLAGS, argv)), flags_parser=parse_or_exit)
+
+
+def _reported(fn: Callable[[], int | None]) -> int:
+    """Runs `fn`; a UserError, an OSError or Ctrl-C becomes one stderr line and an exit status."""
+    # Orbax and TFDS log every file they touch at INFO; users want the bar and the results.
+    logging.set_verbosity(logging.WARNING)
+    try:
+        return fn() or 0
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a read-only or full disk: the machine's state, not a bug to trace
+        where = f": {e.filename}" if e.filename else ""
+        print(f"error: {e.strerror or e}{where}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 def _one_line(message: str) -> str:
@@ -53,47 +105,38 @@ def _one_line(message: str) -> str:
     return f"{lines[0]} {lines[-1]}" if "Traceback" in message else lines[0]
 
 
-def _check_config_loaded() -> None:
+def _check_config_loaded(fv: flags.FlagValues) -> None:
     """config_flags defers a failed load (e.g. a missing file) to the config's first use."""
-    if "config" not in flags.FLAGS or flags.FLAGS["config"].value is None:
+    if "config" not in fv or fv["config"].value is None:
         return
-    flag = flags.FLAGS["config"]
     try:
-        flag.value.keys()
+        fv["config"].value.keys()
     except OSError as e:
         cause = str(e).strip().splitlines()[-1].strip()
-        raise UserError(f"cannot load --config={flag.config_filename}: {cause}") from None
+        raise UserError(f"cannot load --config={fv['config'].config_filename}: {cause}") from None
 
 
-def parse_flags(argv: Sequence[str]) -> list[str]:
-    """absl flag parsing, with every parse error turned into a one-line UserError."""
-    try:
-        rest = flags.FLAGS(argv)
-        _check_config_loaded()
-        return rest
-    except flags.Error as e:
-        raise UserError(_one_line(str(e))) from None
-    except UserError:
-        raise
-    except Exception as e:
-        explained = _explain_override(argv[1:])
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(explained or f"bad flags: {first}") from None
-
-
-def main(fn: Callable[[list[str]], object]) -> None:
-    """Runs `fn(argv)` under absl with one-line errors for flags, configs and user input."""
-
-    def parse(argv: list[str]) -> list[str]:
-        try:
-            return parse_flags(argv)
-        except UserError as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
-
-    def run(argv: list[str]) -> None:
-        # Orbax and TFDS log every file they touch at INFO; users want the bar and the results.
-        logging.set_verbosity(logging.WARNING)
-        run_cli(lambda: fn(argv))
-
-    app.run(run, flags_parser=parse)
+def _unknown_override(argv: Sequence[str], error: Exception) -> str:
+    """Names the `--config.a.b=v` override whose field does not exist. ml_collections' own
+    "Did you mean" says what to write when a field is close; otherwise this lists the valid ones."""
+    while error.args and isinstance(error.args[0], BaseException):  # AttributeError(KeyError(..))
+        error = error.args[0]
+    lines = str(error.args[0] if error.args else error).splitlines()
+    suggestion = next((line for line in lines if line.startswith("Did you mean")), None)
+    spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+    config = load_config_file(spec) if spec else None
+    for arg in argv if config is not None else ():
+        if not arg.startswith("--config."):
+            continue
+        keys = arg[len("--config.") :].split("=", 1)[0].split(".")
+        node = config
+        for depth, key in enumerate(keys):
+            if not isinstance(node, ml_collections.ConfigDict) or key not in node:
+                field = ".".join(keys)
+                if suggestion:
+                    return f"unknown config field {field!r}: {suggestion}"
+                where = ".".join(["config", *keys[:depth]])
+                valid = ", ".join(sorted(node.keys())) if hasattr(node, "keys") else "(none)"
+                return f"unknown config field {field!r}: {where} has {valid}"
+            node = node[key]
+    return f"bad flags: {lines[0] if lines else type(error).__name__}"

@@ -12,8 +12,9 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import cli, datasets, tokenizers
-from experiments.errors import UserError
+from experiments import cli
+from experiments.cli import UserError
+from experiments.data import encoding, tokenizers
 
 _PERCENTILES = (50, 90, 99, 100)
 
@@ -27,25 +28,19 @@ def _lengths(xs: list[int]) -> str:
 
 def describe(data_cfg: Any) -> str:
     """The report for `data_cfg` (config.data), as printed by the CLI."""
-    splits = datasets.load_splits(data_cfg)
-    train_texts, _, names = splits["train"]
-    tok = tokenizers.build_tokenizer(
-        data_cfg.tokenizer,
-        train_texts,
-        lowercase=data_cfg.lowercase,
-        min_freq=data_cfg.min_freq,
-        max_vocab=data_cfg.max_vocab,
-    )
+    data = encoding.load(data_cfg, add_cls=False)
+    tok, names = data.tokenizer, data.label_names
     lines = [
         f"dataset {data_cfg.dataset}  labels {list(names)}  tokenizer {tok.kind}  "
         f"vocab_size {tok.vocab_size}  max_len {data_cfg.max_len}",
         f"{'split':<11}{'examples':>9}  {'label counts':<24}{'chars 50/90/99/max':<22}"
         f"{'tokens 50/90/99/max':<22}{'>max_len':>8}  {'unk':>6}",
     ]
-    for split, (texts, labels, _) in splits.items():
+    for split, s in data.splits.items():
+        texts, labels = s.texts, s.labels
         counts = np.bincount(labels, minlength=len(names)) if len(labels) else np.zeros(len(names))
         balance = " ".join(f"{int(c)}({c / max(len(labels), 1):.0%})" for c in counts)
-        ids = [tok.encode(t) for t in texts]
+        ids = [tok.encode(t) for t in texts]  # before truncation to max_len
         n_tok = [len(i) for i in ids]
         total = max(sum(n_tok), 1)
         unk = sum(int((i == tokenizers.UNK).sum()) for i in ids) / total
@@ -57,18 +52,17 @@ def describe(data_cfg: Any) -> str:
     return "\n".join(lines)
 
 
-def define_flags() -> None:
-    """Flags are defined only when run as a script, so notebooks can import every entry point."""
-    config_flags.DEFINE_config_file("config", None, "Path to a config file[:variant].")
+def define_flags(fv: flags.FlagValues) -> None:
+    config_flags.DEFINE_config_file(
+        "config", None, "Path to a config file[:variant].", flag_values=fv
+    )
 
 
-def main(argv: list[str]) -> None:
-    del argv
-    if flags.FLAGS.config is None:
+def main(fv: flags.FlagValues, argv: list[str]) -> None:
+    if fv.config is None:
         raise UserError("--config is required, e.g. --config=configs/default.py")
-    print(describe(flags.FLAGS.config.data))
+    print(describe(fv.config.data))
 
 
 if __name__ == "__main__":
-    define_flags()
-    cli.main(main)
+    cli.main(define_flags, main)

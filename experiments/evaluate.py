@@ -9,31 +9,33 @@ import os
 
 from absl import flags
 
-from experiments import batching, checkpoints, cli, datasets, evaluation, inference, train
-from experiments.errors import UserError
+from experiments import checkpoints, cli, forward, workdirs
+from experiments.cli import UserError
+from experiments.data import encoding
+from experiments.data.splits import SPLITS
 
 
 def evaluate_workdir(workdir: str, split: str, which: str = checkpoints.BEST) -> dict:
-    trained = inference.load(workdir, which)
-    texts, labels, names = datasets.load_split(trained.config.data, split)
-    if tuple(names) != trained.label_names:
+    """Evaluates the workdir's `which` checkpoint on `split` and writes DIR/eval_<split>.json."""
+    trained = workdirs.load(workdir, which)
+    data = encoding.load(
+        trained.config.data,
+        (split,),
+        add_cls=trained.cfg.pooling == "cls",
+        tokenizer=trained.tokenizer,
+    )
+    if data.label_names != trained.label_names:
         raise UserError(
-            f"labels of the {split} data {list(names)} differ from the checkpoint's "
+            f"labels of the {split} data {list(data.label_names)} differ from the checkpoint's "
             f"{list(trained.label_names)}"
         )
-    encoded = batching.encode_all(
-        trained.tokenizer,
-        texts,
-        max_len=trained.config.data.max_len,
-        add_cls=trained.cfg.pooling == "cls",
-    )
-    result = evaluation.evaluate(
-        trained.params, trained.cfg, encoded, labels, data=trained.config.data
+    s = data.splits[split]
+    result = forward.evaluate(
+        trained.params, trained.cfg, s.ids, s.labels, data=trained.config.data
     )
     result["step"] = trained.step
     result["label_names"] = list(trained.label_names)
-    out = os.path.join(workdir, f"eval_{split}.json")
-    train.write_json(out, result)
+    workdirs.write_json(os.path.join(workdir, f"eval_{split}.json"), result)
     return result
 
 
@@ -52,25 +54,26 @@ def format_table(result: dict, label_names: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
-def define_flags() -> None:
-    """Flags are defined only when run as a script, so notebooks can import every entry point."""
-    flags.DEFINE_string("workdir", None, "A workdir written by experiments.train.")
-    flags.DEFINE_enum("split", "test", ["train", "validation", "test"], "Split to evaluate.")
+def define_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_string("workdir", None, "A workdir written by experiments.train.", flag_values=fv)
+    flags.DEFINE_enum("split", "test", list(SPLITS), "Split to evaluate.", flag_values=fv)
     flags.DEFINE_enum(
-        "checkpoint", checkpoints.BEST, [checkpoints.BEST, checkpoints.LAST], "Which checkpoint."
+        "checkpoint",
+        checkpoints.BEST,
+        [checkpoints.BEST, checkpoints.LAST],
+        "Which checkpoint.",
+        flag_values=fv,
     )
 
 
-def main(argv: list[str]) -> None:
-    FLAGS = flags.FLAGS
-    if not FLAGS.workdir:
+def main(fv: flags.FlagValues, argv: list[str]) -> None:
+    if not fv.workdir:
         raise UserError("--workdir=DIR is required")
-    result = evaluate_workdir(FLAGS.workdir, FLAGS.split, FLAGS.checkpoint)
-    print(f"{FLAGS.split} split, checkpoint step {result['step']}")
+    result = evaluate_workdir(fv.workdir, fv.split, fv.checkpoint)
+    print(f"{fv.split} split, checkpoint step {result['step']}")
     print(format_table(result, tuple(result["label_names"])))
-    print(f"written: {os.path.join(FLAGS.workdir, f'eval_{FLAGS.split}.json')}")
+    print(f"written: {os.path.join(fv.workdir, f'eval_{fv.split}.json')}")
 
 
 if __name__ == "__main__":
-    define_flags()
-    cli.main(main)
+    cli.main(define_flags, main)

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib import font_manager  # noqa: E402
 
-from experiments import metrics_log  # noqa: E402
+from experiments import metrics  # noqa: E402
 
 
 @functools.cache
@@ -35,7 +35,7 @@ def _font_kwargs() -> dict:
 
 def plot_curves(workdir: str) -> str:
     """Loss and accuracy against step for train and validation; returns the PNG path."""
-    rows = metrics_log.read(workdir)
+    rows = metrics.read(workdir)
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     for split, style in (("train", "-"), ("validation", "o-")):
         r = [row for row in rows if row["split"] == split]

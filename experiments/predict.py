@@ -14,13 +14,14 @@ import sys
 import numpy as np
 from absl import flags
 
-from experiments import cli, inference
-from experiments.errors import UserError
+from experiments import cli, forward, workdirs
+from experiments.cli import UserError
 
 
-def predict_one(trained: inference.Trained, text: str, top: int) -> dict:
-    ids_L = inference.encode(trained, text)
-    result = inference.analyse(trained, ids_L)
+def predict_one(trained: workdirs.Trained, text: str, top: int) -> dict:
+    """Label, its probability and the `top` most-attended tokens of one text."""
+    ids_L = workdirs.encode(trained, text)
+    result = forward.analyse(trained.params, trained.cfg, ids_L)
     probs_C, received_L = result["probs"], result["received"]
     tokens = trained.tokenizer.tokens(ids_L.tolist())
     order = np.argsort(-received_L, kind="stable")[:top]
@@ -38,38 +39,36 @@ def read_stdin_lines() -> list[str]:
     return data.decode("utf-8", errors="surrogateescape").splitlines()
 
 
-def define_flags() -> None:
-    """Flags are defined only when run as a script, so notebooks can import every entry point."""
-    flags.DEFINE_string("workdir", None, "A workdir written by experiments.train.")
-    flags.DEFINE_integer("top", 5, "How many most-attended tokens to show.")
-    flags.DEFINE_boolean("json", False, "Print one JSON object per text instead of text.")
+def define_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_string("workdir", None, "A workdir written by experiments.train.", flag_values=fv)
+    flags.DEFINE_integer("top", 5, "How many most-attended tokens to show.", flag_values=fv)
+    flags.DEFINE_boolean(
+        "json", False, "Print one JSON object per text instead of text.", flag_values=fv
+    )
 
 
-def main(argv: list[str]) -> None:
-    FLAGS = flags.FLAGS
-    if not FLAGS.workdir:
+def main(fv: flags.FlagValues, argv: list[str]) -> int:
+    if not fv.workdir:
         raise UserError("--workdir=DIR is required")
     texts = argv[1:] or read_stdin_lines()
     if not texts:
         raise UserError("no text given: pass texts as arguments or one per line on stdin")
-    trained = inference.load(FLAGS.workdir)
+    trained = workdirs.load(fv.workdir)
     failed = 0
     for n, text in enumerate(texts, 1):
         try:
-            p = predict_one(trained, text, FLAGS.top)
+            p = predict_one(trained, text, fv.top)
         except UserError as e:
             failed += 1
             print(f"error: text {n}: {e}", file=sys.stderr)
             continue
-        if FLAGS.json:
+        if fv.json:
             print(json.dumps(p, ensure_ascii=False))
         else:
             top = " ".join(f"{t}({w:.2f})" for t, w in p["top_tokens"])
             print(f"{p['label']}\t{p['probability']:.3f}\t{top}")
-    if failed:
-        sys.exit(2)
+    return 2 if failed else 0
 
 
 if __name__ == "__main__":
-    define_flags()
-    cli.main(main)
+    cli.main(define_flags, main)

@@ -10,23 +10,23 @@ import os
 
 from absl import flags
 
-from experiments import cli, inference, plots
-from experiments.errors import UserError
+from experiments import cli, forward, plots, workdirs
+from experiments.cli import UserError
 
 
 def visualize(workdir: str, texts: list[str], out: str, max_tokens: int = 64) -> list[str]:
     """Writes the plots for `texts`; returns the paths written."""
-    trained = inference.load(workdir)
+    trained = workdirs.load(workdir)
     encoded = []  # every text is checked before anything is written
     for n, text in enumerate(texts, 1):
         try:
-            encoded.append(inference.encode(trained, text))
+            encoded.append(workdirs.encode(trained, text))
         except UserError as e:
             raise UserError(f"text {n}: {e}") from None
     os.makedirs(out, exist_ok=True)
     written, rows = [], []
     for n, ids_L in enumerate(encoded, 1):
-        result = inference.analyse(trained, ids_L)
+        result = forward.analyse(trained.params, trained.cfg, ids_L)
         tokens = trained.tokenizer.tokens(ids_L.tolist())
         label = trained.label_names[int(result["probs"].argmax())]
         caption = f"text {n}: {label} ({result['probs'].max():.2f})"
@@ -42,24 +42,21 @@ def visualize(workdir: str, texts: list[str], out: str, max_tokens: int = 64) ->
     return written
 
 
-def define_flags() -> None:
-    """Flags are defined only when run as a script, so notebooks can import every entry point."""
-    flags.DEFINE_string("workdir", None, "A workdir written by experiments.train.")
-    flags.DEFINE_string("out", None, "Output directory; default DIR/visualize.")
-    flags.DEFINE_integer("max_tokens", 64, "Tokens shown on heatmap axes.")
+def define_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_string("workdir", None, "A workdir written by experiments.train.", flag_values=fv)
+    flags.DEFINE_string("out", None, "Output directory; default DIR/visualize.", flag_values=fv)
+    flags.DEFINE_integer("max_tokens", 64, "Tokens shown on heatmap axes.", flag_values=fv)
 
 
-def main(argv: list[str]) -> None:
-    FLAGS = flags.FLAGS
-    if not FLAGS.workdir:
+def main(fv: flags.FlagValues, argv: list[str]) -> None:
+    if not fv.workdir:
         raise UserError("--workdir=DIR is required")
     if len(argv) < 2:
         raise UserError('give at least one text, e.g. visualize --workdir=DIR "很好看"')
-    out = FLAGS.out or os.path.join(FLAGS.workdir, "visualize")
-    for path in visualize(FLAGS.workdir, argv[1:], out, FLAGS.max_tokens):
+    out = fv.out or os.path.join(fv.workdir, "visualize")
+    for path in visualize(fv.workdir, argv[1:], out, fv.max_tokens):
         print(path)
 
 
 if __name__ == "__main__":
-    define_flags()
-    cli.main(main)
+    cli.main(define_flags, main)

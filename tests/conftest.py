@@ -6,6 +6,8 @@ each recompile into a disk read, so a tiny run costs a few seconds instead of ~2
 """
 
 import hashlib
+import importlib
+import io
 import json
 import os
 import shutil
@@ -75,6 +77,25 @@ def run(
     )
 
 
+def run_here(
+    module: str, *args: str, capsys, stdin: bytes | None = None
+) -> subprocess.CompletedProcess:
+    """Runs entry point `module` in this process, through the same flag parsing and error handling
+    as `python -m module args`; returns what `run` would. `capsys` is pytest's fixture."""
+    from experiments import cli
+
+    entry = importlib.import_module(module)
+    capsys.readouterr()  # only this command's output
+    saved = sys.stdin
+    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin or b""), encoding="utf-8")
+    try:
+        status = cli.run(entry.define_flags, entry.main, [module, *args])
+    finally:
+        sys.stdin = saved
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess([module, *args], status, out, err)
+
+
 def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> str:
     """Non-zero exit, no traceback, exactly one `error:` line on stderr (the last line)."""
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -116,9 +137,9 @@ def saved_state(workdir: str, step: int, which: str = "checkpoints") -> dict:
 
     from experiments import checkpoints
 
-    mngr = checkpoints.manager(workdir, which, keep=100)
-    args = ocp.args.Composite(state=ocp.args.StandardRestore())
-    return mngr.restore(step, args=args)["state"]
+    with checkpoints.reader(workdir, which) as mngr:
+        args = ocp.args.Composite(state=ocp.args.StandardRestore())
+        return mngr.restore(step, args=args)["state"]
 
 
 def assert_trees_equal(a, b) -> None:
@@ -135,10 +156,10 @@ def assert_trees_equal(a, b) -> None:
 @pytest.fixture(scope="session")
 def tfds_dir(tmp_path_factory) -> str:
     """A TFDS data_dir with chinese_reviews prepared (a few seconds, once per worker)."""
-    from experiments import datasets
+    from experiments.data import datasets
 
     path = str(tmp_path_factory.mktemp("tfds"))
-    datasets.load_split(tiny_config(path).data, "test")
+    datasets.load_splits(tiny_config(path).data, ("test",))
     return path
 
 

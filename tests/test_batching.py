@@ -1,12 +1,14 @@
-"""Batching: truncation, bucket shapes, determinism, exact resume, eval coverage, prefetch."""
+"""Batching and encoding: truncation, bucket shapes, determinism, exact resume across epochs, eval
+coverage, prefetch."""
 
+import itertools
 import threading
 import time
 
 import numpy as np
 import pytest
 
-from experiments import batching, tokenizers
+from experiments.data import batching, encoding, tokenizers
 
 BUCKETS = (8, 16, 32, 48)
 MAX_LEN = 40  # 48 is above max_len, so the bucket set is (8, 16, 32, 40)
@@ -21,10 +23,20 @@ def _data(n=500, seed=1):
     return encoded, labels
 
 
-def _train(encoded, labels, **kw):
-    args = dict(batch_size=32, buckets=BUCKETS, max_len=MAX_LEN, seed=0, epoch=0)
-    args.update(kw)
-    return list(batching.train_batches(encoded, labels, **args))
+def _epoch(encoded, labels, seed=0, epoch=0, batch_size=32):
+    """One epoch of the stream as (example indices, batch) pairs."""
+    lengths = np.array([len(s) for s in encoded])
+    order = batching.epoch_order(lengths, batch_size, seed, epoch)
+    stream = batching.train_stream(
+        encoded,
+        labels,
+        batch_size=batch_size,
+        buckets=BUCKETS,
+        max_len=MAX_LEN,
+        seed=seed,
+        start_step=epoch * len(order),
+    )
+    return list(zip(order, stream, strict=False))
 
 
 def _assert_same(a: list[dict], b: list[dict]):
@@ -36,64 +48,69 @@ def _assert_same(a: list[dict], b: list[dict]):
             np.testing.assert_array_equal(x[k], y[k])
 
 
-def _check_batch(batch, encoded, labels, batch_size):
-    tokens, mask, index = batch["tokens"], batch["mask"], batch["index"]
+def _check_batch(idx, batch, encoded, labels, batch_size):
+    """`batch` holds examples `idx` in its first rows, then weight-0 fillers."""
+    tokens, mask = batch["tokens"], batch["mask"]
+    assert set(batch) == {"tokens", "mask", "label", "weight"}
     assert tokens.dtype == np.int32 and mask.dtype == bool and batch["weight"].dtype == np.float32
-    assert batch["label"].dtype == np.int32 and index.dtype == np.int32
+    assert batch["label"].dtype == np.int32
     B, L = tokens.shape
-    assert B == batch_size and L in SIZES
-    real = index >= 0
-    longest = max((len(encoded[i]) for i in index[real]), default=0)
+    assert B == batch_size and L in SIZES and len(idx) <= B
+    longest = max((len(encoded[i]) for i in idx), default=0)
     assert L == min(s for s in SIZES if s >= longest)  # the smallest bucket that fits
     np.testing.assert_array_equal(mask, tokens != tokenizers.PAD)
-    np.testing.assert_array_equal(batch["weight"], real.astype(np.float32))
-    for row, i in enumerate(index):
-        if i < 0:
+    np.testing.assert_array_equal(batch["weight"], np.arange(B) < len(idx))
+    for row in range(B):
+        if row >= len(idx):
             assert not mask[row].any() and batch["label"][row] == 0
             continue
-        seq = encoded[i]
+        seq = encoded[idx[row]]
         np.testing.assert_array_equal(tokens[row, : len(seq)], seq)
-        assert not tokens[row, len(seq) :].any() and batch["label"][row] == labels[i]
+        assert not tokens[row, len(seq) :].any() and batch["label"][row] == labels[idx[row]]
 
 
-def test_train_batches_cover_epoch_once_with_bucket_shapes():
+def test_an_epoch_covers_every_example_once_with_bucket_shapes():
     encoded, labels = _data()
-    batches = _train(encoded, labels)
-    assert len(batches) == batching.steps_per_epoch(500, 32) == 16
-    for b in batches:
-        _check_batch(b, encoded, labels, 32)
-    idx = np.concatenate([b["index"] for b in batches])
-    assert sorted(idx[idx >= 0].tolist()) == list(range(500))
-    assert (idx == -1).sum() == 16 * 32 - 500
+    epoch = _epoch(encoded, labels)
+    assert len(epoch) == batching.steps_per_epoch(500, 32) == 16
+    for idx, batch in epoch:
+        _check_batch(idx, batch, encoded, labels, 32)
+    assert sorted(np.concatenate([idx for idx, _ in epoch]).tolist()) == list(range(500))
 
 
 def test_train_order_is_pure_function_of_seed_and_epoch():
     encoded, labels = _data()
-    a = _train(encoded, labels, seed=3, epoch=2)
-    _assert_same(a, _train(encoded, labels, seed=3, epoch=2))
+    a = [b for _, b in _epoch(encoded, labels, seed=3, epoch=2)]
+    _assert_same(a, [b for _, b in _epoch(encoded, labels, seed=3, epoch=2)])
     orders = [
-        np.concatenate([b["index"] for b in _train(encoded, labels, seed=s, epoch=e)])
+        np.concatenate([idx for idx, _ in _epoch(encoded, labels, seed=s, epoch=e)])
         for s, e in ((3, 2), (3, 1), (4, 2))
     ]
     assert not np.array_equal(orders[0], orders[1]) and not np.array_equal(orders[0], orders[2])
 
 
 @pytest.mark.parametrize("start", [0, 1, 7, 15, 16, 40])
-def test_resume_equals_uninterrupted_suffix(start):
+def test_stream_from_a_start_step_equals_the_uninterrupted_stream(start):
+    """Epochs follow one another (16 batches each); step n is the same batch however reached."""
     encoded, labels = _data()
-    full = _train(encoded, labels, seed=5, epoch=1)
-    _assert_same(_train(encoded, labels, seed=5, epoch=1, start_step=start), full[start:])
+    kw = dict(batch_size=32, buckets=BUCKETS, max_len=MAX_LEN, seed=5)
+    full = list(itertools.islice(batching.train_stream(encoded, labels, **kw), 60))
+    resumed = batching.train_stream(encoded, labels, start_step=start, **kw)
+    _assert_same(list(itertools.islice(resumed, 60 - start)), full[start:])
+    epochs = [[b for _, b in _epoch(encoded, labels, seed=5, epoch=e)] for e in range(3)]
+    _assert_same(full[:48], epochs[0] + epochs[1] + epochs[2])
 
 
 def test_length_sorting_within_chunks_reduces_padding():
     encoded, labels = _data(n=2000)
-    batches = _train(encoded, labels)
+    epoch = _epoch(encoded, labels)
     spreads = []
-    for b in batches:
-        lengths = [len(encoded[i]) for i in b["index"] if i >= 0]
+    for idx, _ in epoch:
+        lengths = [len(encoded[i]) for i in idx]
         spreads.append(max(lengths) - min(lengths))
     # A chunk of 50 batches sorted by length: lengths 0..40 spread over ~50 batches each.
     assert np.median(spreads) <= 2
+    batches = [b for _, b in epoch]
     fill = sum(b["mask"].sum() for b in batches) / sum(b["tokens"].size for b in batches)
     # The same buckets without sorting: batches of randomly drawn examples.
     random_fill = []
@@ -109,16 +126,16 @@ def test_eval_batches_cover_every_example_exactly_once():
         batching.eval_batches(encoded, labels, batch_size=10, buckets=BUCKETS, max_len=MAX_LEN)
     )
     assert len(batches) == 11
-    for b in batches:
-        _check_batch(b, encoded, labels, 10)
-    idx = np.concatenate([b["index"] for b in batches])
-    assert sorted(idx[idx >= 0].tolist()) == list(range(103)) and (idx == -1).sum() == 7
-    assert sum(b["weight"].sum() for b in batches) == 103
+    for idx, batch in batches:
+        _check_batch(idx, batch, encoded, labels, 10)
+    assert sorted(np.concatenate([idx for idx, _ in batches]).tolist()) == list(range(103))
+    assert sum(b["weight"].sum() for _, b in batches) == 103
 
 
 def test_empty_inputs():
-    assert _train([], np.zeros(0, np.int32)) == []
     assert list(batching.eval_batches([], [], batch_size=4, buckets=BUCKETS, max_len=8)) == []
+    with pytest.raises(ValueError, match="no training examples"):
+        next(batching.train_stream([], [], batch_size=4, buckets=BUCKETS, max_len=8, seed=0))
 
 
 def test_bucket_sizes():
@@ -134,9 +151,9 @@ class _Chars:
 
 
 @pytest.mark.parametrize("add_cls", [False, True])
-def test_encode_all_truncates_and_prepends_cls(add_cls):
+def test_encode_truncates_and_prepends_cls(add_cls):
     texts = ["", "abc", "x" * 100]
-    out = batching.encode_all(_Chars(), texts, max_len=10, add_cls=add_cls)
+    out = encoding.encode(_Chars(), texts, max_len=10, add_cls=add_cls)
     assert [len(s) for s in out] == [0 + add_cls, 3 + add_cls, 10]
     for s, t in zip(out, texts, strict=True):
         assert s.dtype == np.int32

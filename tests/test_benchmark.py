@@ -1,38 +1,47 @@
-"""Benchmark harness in --quick mode: JSON keys, sane values, report and plots; the Flax twin."""
+"""The benchmark package: the committed report follows from the committed results, the attention
+section in --quick mode, the TF-IDF baseline, the Flax twin, and the command line."""
 
 import json
-import os
+import shutil
 
 import jax
 import jax.numpy as jnp
 import pytest
+from conftest import ROOT, tiny_config
 
 from attn import classifier
-from experiments import benchmark, flax_reference
-from experiments.errors import UserError
+from benchmarks import __main__ as bench_main
+from benchmarks import accuracy, attention, flax_twin, report, timing, train_step
+from experiments import cli, optimization
+
+COMMITTED = ROOT / "benchmarks"
+
+
+def test_committed_report_is_what_the_writer_makes_of_the_committed_results(tmp_path):
+    shutil.copy(COMMITTED / "analysis.md", tmp_path)
+    results = json.loads((COMMITTED / "results.json").read_text(encoding="utf-8"))
+    report.write(results, str(tmp_path))
+    written = (tmp_path / "REPORT.md").read_text(encoding="utf-8")
+    assert written == (COMMITTED / "REPORT.md").read_text(encoding="utf-8")
+    assert json.loads((tmp_path / "results.json").read_text(encoding="utf-8")) == results
+    for section in ("## 1. Attention", "## 2. Train step", "## 3. Accuracy"):
+        assert section in written
+    assert written.count("**met**") + written.count("**missed**") >= 6
+    for png in ("attention_time.png", "attention_memory.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({png})" in written
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("bench"))
-    results = {
-        name: fn(True)
-        for name, fn in (
-            ("attention", benchmark.bench_attention),
-            ("train", benchmark.bench_train),
-            ("accuracy", benchmark.bench_accuracy),
-        )
-    }
-    benchmark.write_outputs(results, out)
-    return out, results
+def quick_attention():
+    return attention.run(quick=True)
 
 
-def test_attention_rows(quick):
-    _, results = quick
-    att = results["attention"]
+def test_attention_rows(quick_attention):
+    att = quick_attention
     assert att["matmul_gflops"] > 0
     rows = att["rows"]
-    assert {r["method"] for r in rows} == set(benchmark.METHODS)
+    assert {r["method"] for r in rows} == set(attention.METHODS)
     assert {r["mode"] for r in rows} == {"fwd", "fwd_bwd"}
     assert {r["L"] for r in rows} == {32, 64}
     for r in rows:
@@ -51,65 +60,47 @@ def test_attention_rows(quick):
     assert targets["chunked_long"]["met"] is False
 
 
-def test_train_rows(quick):
-    _, results = quick
-    tr = results["train"]
-    assert tr["param_count"]["ours"] == tr["param_count"]["flax"] > 0
-    for row in tr["rows"]:
-        for name in ("ours", "flax"):
-            assert row[name]["step_s"] > 0 and row[name]["examples_per_s"] > 0
-            assert row[name]["tokens_per_s"] == pytest.approx(
-                row[name]["examples_per_s"] * row["L"]
-            )
-        assert row["ratio"] > 0
-    p = tr["pipeline"]
-    assert p["steps"] == 3 and 0 <= p["wait_fraction"] <= 1 and p["examples_per_s"] > 0
-    assert isinstance(tr["targets"]["train_speed"]["met"], bool)
+def test_report_of_a_quick_attention_run(quick_attention, tmp_path):
+    report.write({"attention": {**quick_attention, "wall_s": 1.0, "quick": True}}, str(tmp_path))
+    written = (tmp_path / "REPORT.md").read_text(encoding="utf-8")
+    assert "## 1. Attention" in written and "## 2. Train step" not in written
+    assert "; --quick._" in written
+    assert all(f"| 32 | 8 | fwd | {m} |" in written for m in attention.METHODS)
 
 
-def test_accuracy_rows(quick):
-    _, results = quick
-    acc = results["accuracy"]
-    for name in ("default", "structured", "mean"):
-        assert 0 <= acc[name]["test_accuracy"] <= 1 and acc[name]["wall_s"] > 0
-    assert acc["structured"]["model"]["pooling"] == "structured"
-    assert acc["mean"]["model"]["pooling"] == "mean"
-    bases = [acc["tfidf_logreg"], acc["tfidf_sublinear_logreg"]]
-    assert [b["sublinear_tf"] for b in bases] == [False, True]
-    for base in bases:
-        # Even on 2,000 training texts character n-grams separate the classes well above chance.
-        assert base["test_accuracy"] > 0.7
-        assert str(base["best_C"]) in base["validation_accuracy"]
-    t = acc["targets"]["beats_baseline"]
-    assert t["baseline"] == max(b["test_accuracy"] for b in bases) and isinstance(t["met"], bool)
+def test_tfidf_baseline_separates_the_classes(tfds_dir):
+    base = accuracy.tfidf_baseline(
+        tiny_config(tfds_dir).data, grid=(1.0, 10.0), sublinear=True, max_train=2000
+    )
+    # Even on 2,000 training texts character n-grams separate the classes well above chance.
+    assert base["test_accuracy"] > 0.7 and base["num_train"] == 2000 and base["sublinear_tf"]
+    assert set(base["validation_accuracy"]) == {"1.0", "10.0"}
+    assert str(base["best_C"]) in base["validation_accuracy"]
 
 
-def test_outputs_written(quick):
-    out, results = quick
-    with open(os.path.join(out, "results.json")) as f:
-        assert json.load(f) == json.loads(json.dumps(results))
-    report = open(os.path.join(out, "REPORT.md")).read()
-    for section in ("## 1. Attention", "## 2. Train step", "## 3. Accuracy"):
-        assert section in report
-    assert report.count("**met**") + report.count("**missed**") >= 6
-    for png in ("attention_time.png", "attention_memory.png"):
-        with open(os.path.join(out, png), "rb") as f:
-            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-        assert f"]({png})" in report
+def test_input_pipeline_share_counts_real_steps(tfds_dir):
+    config = tiny_config(tfds_dir)
+    cfg, train = train_step.train_data(config)
+    tx = optimization.make_optimizer(config.optim, 10)
+    state = optimization.init_state(jax.random.key(0), cfg, tx)
+    step = train_step.plain_step(cfg, tx, config.optim)
+    p = train_step.input_pipeline_share(config, train_step.stream(config, train), state, step, 3)
+    assert p["steps"] == 3 and 0 <= p["wait_fraction"] <= 1
+    assert p["examples_per_s"] == pytest.approx(3 * config.data.batch_size / p["seconds"])
 
 
 def test_time_interleaved_alternates():
     calls = []
-    times = benchmark.time_interleaved(
+    times = timing.time_interleaved(
         {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 3
     )
     assert calls == ["a", "b"] * 3
     assert len(times["a"]) == len(times["b"]) == 3
 
 
-def test_unknown_section_is_user_error():
-    with pytest.raises(UserError, match="attention, train, accuracy, all.*speed"):
-        benchmark.main(["benchmark", "speed"])
+def test_unknown_section_is_user_error(capsys):
+    assert cli.run(bench_main.define_flags, bench_main.main, ["benchmarks", "speed"]) == 2
+    assert "attention, train, accuracy, all; got ['speed']" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -125,15 +116,13 @@ def test_flax_twin_has_our_param_count(kw):
     cfg = classifier.ModelConfig(vocab_size=20, d_model=8, num_heads=2, d_ff=12, max_len=16, **kw)
     ours = jax.eval_shape(lambda k: classifier.init(k, cfg), jax.random.key(0))
     tokens = jnp.ones((2, 16), jnp.int32)
-    theirs = jax.eval_shape(
-        lambda k: flax_reference.Classifier(cfg).init(k, tokens), jax.random.key(0)
-    )
-    assert benchmark._count(ours) == benchmark._count(theirs["params"])
+    theirs = jax.eval_shape(lambda k: flax_twin.Classifier(cfg).init(k, tokens), jax.random.key(0))
+    assert train_step.param_count(ours) == train_step.param_count(theirs["params"])
 
 
 def test_flax_twin_ignores_padding():
     cfg = classifier.ModelConfig(vocab_size=20, d_model=8, num_heads=2, d_ff=12, max_len=16)
-    model = flax_reference.Classifier(cfg)
+    model = flax_twin.Classifier(cfg)
     tokens = jnp.array([[5, 6, 7, 0, 0, 0]])
     variables = model.init(jax.random.key(0), tokens)
     short, _ = model.apply(variables, tokens[:, :3])

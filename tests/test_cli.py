@@ -1,11 +1,12 @@
-"""Issue 4: the evaluate, predict and visualize commands; one-line errors for user mistakes."""
+"""The commands: evaluate, predict and visualize as real processes, and one-line errors for user
+mistakes, checked in this process through the same flag parsing and error handling."""
 
 import json
 import os
 import shutil
 
 import pytest
-from conftest import assert_one_line_error, run, tiny_flags, tree_hash
+from conftest import assert_one_line_error, run, run_here, tiny_flags, tree_hash
 
 
 def test_evaluate_predict_visualize_commands(trained_copy):
@@ -99,7 +100,17 @@ CASES = {
             "--workdir={w}",
             "--config.model.num_layer=2",
         ],
-        ["model.num_layer", "num_layers", "d_model"],
+        ["unknown config field 'model.num_layer'", 'Did you mean "num_layers"'],
+    ),
+    "override of a field that does not exist": (
+        None,
+        [
+            "experiments.train",
+            "--config=configs/default.py:tiny",
+            "--workdir={w}",
+            "--config.model.depth=2",
+        ],
+        ["unknown config field 'model.depth'", "config.model has d_ff, d_model"],
     ),
     "bad override value": (
         None,
@@ -140,13 +151,13 @@ CASES = {
     "resume with the weight average switched on": (
         "copy",
         ["experiments.train", *tiny_flags("{t}"), "--workdir={w}", "--config.optim.ema_decay=0.9"],
-        ["trained without a weight average", "ema_decay=0.9"],
+        ["ema: checkpoint False vs config True"],
     ),
 }
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_user_error_is_one_line(case, request, tmp_path, tfds_dir):
+def test_user_error_is_one_line(case, request, tmp_path, tfds_dir, capsys):
     make, argv, fragments = CASES[case]
     if make is None:
         workdir = str(tmp_path / "w")
@@ -157,8 +168,23 @@ def test_user_error_is_one_line(case, request, tmp_path, tfds_dir):
     else:
         workdir = make(request.getfixturevalue("trained"), tmp_path)
     before = tree_hash(workdir) if os.path.isdir(workdir) else None
-    proc = run(*(a.format(w=workdir, t=tfds_dir) for a in argv))
+    proc = run_here(*(a.format(w=workdir, t=tfds_dir) for a in argv), capsys=capsys)
     assert proc.returncode == 2, proc.stderr
     assert_one_line_error(proc, *fragments)
     if before is not None:
         assert tree_hash(workdir) == before
+
+
+def test_refused_resume_exits_cleanly(trained_copy, tfds_dir):
+    """A run refused before its first save exits with one line and nothing else on stderr, even
+    though a half-written save was deleted when the run started."""
+    os.makedirs(os.path.join(trained_copy, "checkpoints", "9.orbax-checkpoint-tmp-1"))
+    before = tree_hash(trained_copy)
+    argv = [*tiny_flags(tfds_dir), f"--workdir={trained_copy}", "--config.optim.ema_decay=0.9"]
+    proc = run("experiments.train", *argv)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: workdir {trained_copy!r} holds a checkpoint of a different model "
+        "(ema: checkpoint False vs config True); use a new --workdir or the original config"
+    ]
+    assert tree_hash(trained_copy) == {k: v for k, v in before.items() if "tmp" not in k}

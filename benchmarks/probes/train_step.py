@@ -3,8 +3,8 @@
   PYTHONPATH=. python benchmarks/probes/train_step.py [L=32] [repeats=40]
 
 1. The model alone: grad of logits.sum(), dropout 0.1 vs 0, ours vs Flax (no optimizer).
-2. The step: experiments.steps.train_step vs the same step without its `grad_norm` metric (a
-   second global norm next to clip_by_global_norm's) vs the Flax step.
+2. The step: our plain train step (`benchmarks.train_step.plain_step`) vs the same step without
+   its `grad_norm` metric (a second global norm next to clip_by_global_norm's) vs the Flax step.
 3. XLA's cost analysis (FLOPs, bytes) and the number of fusions of both compiled steps.
 """
 
@@ -18,8 +18,10 @@ import jax.numpy as jnp
 import optax
 
 from attn import classifier
-from experiments import benchmark as bm
-from experiments import flax_reference, steps
+from benchmarks import config_file, flax_twin
+from benchmarks import train_step as bench
+from benchmarks.timing import time_interleaved
+from experiments import optimization
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "tx"))
@@ -27,7 +29,7 @@ def step_without_grad_norm(state, batch, *, cfg, tx):
     rng = jax.random.fold_in(state["rng"], state["step"])
 
     def loss_fn(p):
-        loss, m, _ = steps.loss_and_metrics(
+        loss, m, _ = optimization.loss_and_metrics(
             p, batch, cfg, label_smoothing=0.0, penalty_weight=0.1, train=True, rng=rng
         )
         return loss, m
@@ -39,22 +41,21 @@ def step_without_grad_norm(state, batch, *, cfg, tx):
 
 
 def medians(runs: dict, repeats: int) -> dict:
-    bm.time_interleaved(runs, 2)
-    return {n: statistics.median(ts) for n, ts in bm.time_interleaved(runs, repeats).items()}
+    time_interleaved(runs, 2)
+    return {n: statistics.median(ts) for n, ts in time_interleaved(runs, repeats).items()}
 
 
 def main(length: int, repeats: int) -> None:
-    config = bm.load_config("default.py")
-    cfg0, enc, labels = bm._train_data(config)
-    batch = next(b for b in bm._epoch(config, enc, labels) if b["tokens"].shape[1] == length)
-    batch.pop("index")
+    config = config_file("default.py")
+    cfg0, train = bench.train_data(config)
+    batch = next(b for b in bench.stream(config, train) if b["tokens"].shape[1] == length)
     tokens = jnp.asarray(batch["tokens"])
     key = jax.random.key(0)
 
     runs = {}
     for tag, kw in (("dropout 0.1", {}), ("dropout 0", dict(dropout=0.0, embed_dropout=0.0))):
         cfg = dataclasses.replace(cfg0, **kw)
-        po, flax_model = classifier.init(key, cfg), flax_reference.Classifier(cfg)
+        po, flax_model = classifier.init(key, cfg), flax_twin.Classifier(cfg)
         pf = flax_model.init(key, tokens)["params"]
         go = jax.jit(
             jax.grad(
@@ -73,25 +74,23 @@ def main(length: int, repeats: int) -> None:
     for name, t in medians(runs, repeats).items():
         print(f"L={length} grad of logits.sum(), {name:22s} {t * 1e3:7.2f} ms")
 
-    tx = steps.make_optimizer(config.optim, 1000)
-    so, sf = steps.init_state(key, cfg0, tx), flax_reference.init_state(key, cfg0, tx, length)
-    flax_step = jax.jit(flax_reference.train_step, static_argnames=("cfg", "tx", "penalty_weight"))
+    tx = optimization.make_optimizer(config.optim, 1000)
+    so, sf = optimization.init_state(key, cfg0, tx), flax_twin.init_state(key, cfg0, tx, length)
+    ours_step = bench.plain_step(cfg0, tx, config.optim)
+    flax_step = jax.jit(
+        functools.partial(flax_twin.train_step, cfg=cfg0, tx=tx, penalty_weight=0.1)
+    )
     kw = dict(cfg=cfg0, tx=tx)
     runs = {
-        "steps.train_step": lambda: steps.train_step(
-            so, batch, **kw, label_smoothing=0.0, penalty_weight=0.1
-        ),
+        "plain train step": lambda: ours_step(so, batch),
         "minus grad_norm metric": lambda: step_without_grad_norm(so, batch, **kw),
-        "flax": lambda: flax_step(sf, batch, **kw, penalty_weight=0.1),
+        "flax": lambda: flax_step(sf, batch),
     }
     t = medians(runs, repeats)
     for name, s in t.items():
         print(f"L={length} step {name:24s} {s * 1e3:7.2f} ms, ex/s vs flax {t['flax'] / s:.3f}")
 
-    lowered = {
-        "ours": steps.train_step.lower(so, batch, **kw, label_smoothing=0.0, penalty_weight=0.1),
-        "flax": flax_step.lower(sf, batch, **kw, penalty_weight=0.1),
-    }
+    lowered = {"ours": ours_step.lower(so, batch), "flax": flax_step.lower(sf, batch)}
     for name, low in lowered.items():
         c = low.compile()
         cost = c.cost_analysis()

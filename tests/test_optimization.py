@@ -1,4 +1,7 @@
-"""The train step's extras: the weight average (EMA) and the adversarial embedding loss."""
+"""The train step's extras (weight average, adversarial loss) and the optimizer config check."""
+
+import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +10,8 @@ import numpy as np
 import pytest
 
 from attn import classifier
-from experiments import steps
+from experiments import optimization
+from experiments.cli import UserError
 
 CFG = classifier.ModelConfig(vocab_size=20, d_model=8, num_heads=2, d_ff=16, max_len=6)
 # Two examples, the first padded: [B=2, L=6].
@@ -23,21 +27,21 @@ def test_ema_is_the_normalised_decay_weighted_average_of_all_updates():
     ps = jax.random.normal(jax.random.PRNGKey(0), (n, 3, 2))
     ema = {"w": jnp.full((3, 2), 100.0)}  # the initial value must carry no weight
     for t in range(n):
-        ema = steps._ema_update(ema, {"w": ps[t]}, jnp.asarray(t, jnp.int32), decay)
+        ema = optimization._ema_update(ema, {"w": ps[t]}, jnp.asarray(t, jnp.int32), decay)
     w = decay ** np.arange(n - 1, -1, -1.0)
     expected = np.tensordot(w / w.sum(), np.asarray(ps), axes=1)
     np.testing.assert_allclose(ema["w"], expected, rtol=1e-5, atol=1e-5)
 
 
 def test_eval_params_prefer_the_average_when_kept():
-    assert steps.eval_params({"params": 1}) == 1
-    assert steps.eval_params({"params": 1, "ema": 2}) == 2
+    assert optimization.eval_params({"params": 1}) == 1
+    assert optimization.eval_params({"params": 1, "ema": 2}) == 2
 
 
 def test_adversarial_delta_has_norm_eps_per_example_along_the_gradient():
     g = jax.random.normal(jax.random.PRNGKey(1), (3, 5, 4))
     g = g.at[1].multiply(100.0)  # the scale of an example's gradient must not matter
-    delta = steps._adversarial_delta(g, 2.5)
+    delta = optimization._adversarial_delta(g, 2.5)
     np.testing.assert_allclose(jnp.sqrt((delta**2).sum(axis=(1, 2))), 2.5, rtol=1e-5)
     cos = (delta * g).sum(axis=(1, 2)) / jnp.sqrt((delta**2).sum((1, 2)) * (g**2).sum((1, 2)))
     np.testing.assert_allclose(cos, 1.0, rtol=1e-5)
@@ -48,11 +52,13 @@ def test_adversarial_delta_raises_the_loss_more_than_a_random_one():
 
     def loss(delta):
         kw = dict(label_smoothing=0.0, penalty_weight=0.0, train=False, rng=None)
-        return steps.loss_and_metrics(params, BATCH, CFG, embed_delta_BxLxD=delta, **kw)[0]
+        return optimization.loss_and_metrics(params, BATCH, CFG, embed_delta_BxLxD=delta, **kw)[0]
 
     zero = jnp.zeros((2, 6, 8))
-    adversarial = steps._adversarial_delta(jax.grad(loss)(zero), 0.5)
-    random = steps._adversarial_delta(jax.random.normal(jax.random.PRNGKey(2), zero.shape), 0.5)
+    adversarial = optimization._adversarial_delta(jax.grad(loss)(zero), 0.5)
+    random = optimization._adversarial_delta(
+        jax.random.normal(jax.random.PRNGKey(2), zero.shape), 0.5
+    )
     assert loss(adversarial) > loss(random) and loss(adversarial) > loss(zero)
     # Padding gets no gradient, so no perturbation.
     assert float(jnp.abs(adversarial[0, 4:]).max()) == 0.0
@@ -62,13 +68,39 @@ def test_train_step_adversarial_loss_changes_the_update_not_the_reported_loss():
     optim = ml_collections.ConfigDict(
         {"learning_rate": 1e-2, "warmup_steps": 0, "weight_decay": 0.0, "clip_norm": 1.0}
     )
-    tx = steps.make_optimizer(optim, total_steps=10)
-    state = steps.init_state(jax.random.PRNGKey(0), CFG, tx, ema=True)
+    tx = optimization.make_optimizer(optim, total_steps=10)
+    state = optimization.init_state(jax.random.PRNGKey(0), CFG, tx, ema=True)
     kw = dict(cfg=CFG, tx=tx, label_smoothing=0.0, penalty_weight=0.0, ema_decay=0.5)
-    plain, m_plain = steps.train_step(state, BATCH, adversarial_eps=0.0, **kw)
-    adv, m_adv = steps.train_step(state, BATCH, adversarial_eps=1.0, **kw)
+    plain, m_plain = jax.jit(functools.partial(optimization.train_step, adversarial_eps=0.0, **kw))(
+        state, BATCH
+    )
+    adv, m_adv = jax.jit(functools.partial(optimization.train_step, adversarial_eps=1.0, **kw))(
+        state, BATCH
+    )
     assert float(m_adv["loss"]) == pytest.approx(float(m_plain["loss"]), rel=1e-6)
     diff = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), plain["params"], adv["params"])
     assert max(jax.tree.leaves(diff)) > 1e-4
     # After one update the bias-corrected average is exactly the new params.
     jax.tree.map(np.testing.assert_allclose, adv["ema"], adv["params"])
+
+
+@pytest.mark.parametrize(
+    "field, value, fragment",
+    [
+        ("learning_rate", 0.0, "> 0"),
+        ("warmup_steps", -1, "an integer >= 0"),
+        ("label_smoothing", 1.0, "in [0, 1)"),
+        ("ema_decay", 1.0, "in [0, 1)"),
+        ("max_nonfinite", True, "an integer >= 1"),
+        ("clip_norm", 0.0, "> 0"),
+    ],
+)
+def test_optimizer_values_out_of_range_are_named(field, value, fragment):
+    from configs import default
+
+    optim = default.get_config().optim
+    optimization.check_optim(optim)
+    with optim.unlocked():
+        optim[field] = value
+    with pytest.raises(UserError, match=rf"config\.optim\.{field} must be {re.escape(fragment)}"):
+        optimization.check_optim(optim)

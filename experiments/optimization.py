@@ -1,6 +1,6 @@
-"""The jitted train and eval steps: loss, optimizer and per-batch metrics over a params pytree."""
+"""What a config trains and how: the model config, the optimizer, the train state, the loss and
+one train step (a pure function; the train loop jits it over a `functools.partial`)."""
 
-import functools
 from typing import Any
 
 import jax
@@ -9,10 +9,45 @@ import ml_collections
 import optax
 
 from attn import classifier
+from experiments.cli import UserError
 
 # apply_if_finite would apply a non-finite update after this many skips; the train loop stops
 # long before (config.optim.max_nonfinite), so this only has to be out of reach.
 _NEVER = 2**30
+
+
+def model_config(
+    config: ml_collections.ConfigDict, vocab_size: int, num_classes: int
+) -> classifier.ModelConfig:
+    """The frozen model config: `config.model` plus what the data decides."""
+    try:
+        return classifier.ModelConfig(
+            vocab_size=vocab_size,
+            num_classes=num_classes,
+            max_len=config.data.max_len,
+            **config.model.to_dict(),
+        )
+    except (TypeError, ValueError) as e:
+        raise UserError(f"config.model: {e}") from None
+
+
+def check_optim(optim: ml_collections.ConfigDict) -> None:
+    """Optimizer settings outside their range fail here, by name, instead of as NaNs later."""
+    rules = {
+        "learning_rate": (lambda v: v > 0, "> 0"),
+        "warmup_steps": (lambda v: v >= 0 and float(v).is_integer(), "an integer >= 0"),
+        "weight_decay": (lambda v: v >= 0, ">= 0"),
+        "clip_norm": (lambda v: v > 0, "> 0"),
+        "label_smoothing": (lambda v: 0 <= v < 1, "in [0, 1)"),
+        "penalty_weight": (lambda v: v >= 0, ">= 0"),
+        "adversarial_eps": (lambda v: v >= 0, ">= 0 (0 = no adversarial loss)"),
+        "ema_decay": (lambda v: 0 <= v < 1, "in [0, 1) (0 = no running average)"),
+        "max_nonfinite": (lambda v: v >= 1 and float(v).is_integer(), "an integer >= 1"),
+    }
+    for name, (ok, want) in rules.items():
+        v = optim[name]
+        if isinstance(v, bool) or not isinstance(v, int | float) or not ok(v):
+            raise UserError(f"config.optim.{name} must be {want}; got {v!r}")
 
 
 def make_optimizer(
@@ -34,6 +69,16 @@ def make_optimizer(
         optax.adamw(schedule, weight_decay=optim.weight_decay, mask=decay_mask),
     )
     return optax.apply_if_finite(tx, max_consecutive_errors=_NEVER)
+
+
+def loss_options(optim: ml_collections.ConfigDict) -> dict:
+    """The keyword arguments of `train_step` that config.optim sets."""
+    return {
+        "label_smoothing": optim.label_smoothing,
+        "penalty_weight": optim.penalty_weight,
+        "ema_decay": optim.ema_decay,
+        "adversarial_eps": optim.adversarial_eps,
+    }
 
 
 def init_state(
@@ -107,28 +152,17 @@ def _adversarial_delta(g_BxLxD: jax.Array, eps: float) -> jax.Array:
     return jax.lax.stop_gradient(eps * g_BxLxD / (norm_B + 1e-12))
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "cfg",
-        "tx",
-        "label_smoothing",
-        "penalty_weight",
-        "ema_decay",
-        "adversarial_eps",
-    ),
-)
 def train_step(
-    state,
-    batch,
+    state: dict,
+    batch: dict,
     *,
-    cfg,
-    tx,
-    label_smoothing,
-    penalty_weight,
-    ema_decay=0.0,
-    adversarial_eps=0.0,
-):
+    cfg: classifier.ModelConfig,
+    tx: optax.GradientTransformation,
+    label_smoothing: float,
+    penalty_weight: float,
+    ema_decay: float = 0.0,
+    adversarial_eps: float = 0.0,
+) -> tuple[dict, dict]:
     """One optimizer step; a non-finite gradient leaves params unchanged and is counted.
 
     With an "ema" entry in state, it also moves the average towards the new params by ema_decay.
@@ -172,12 +206,3 @@ def train_step(
         "nonfinite_total": opt_state.total_notfinite,
     }
     return new_state, metrics
-
-
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def eval_step(params, batch, *, cfg):
-    """Returns per-batch metric sums and the class probabilities [B, C]."""
-    _, metrics, logits_BxC = loss_and_metrics(
-        params, batch, cfg, label_smoothing=0.0, penalty_weight=0.0, train=False, rng=None
-    )
-    return metrics, jax.nn.softmax(logits_BxC)

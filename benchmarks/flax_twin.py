@@ -80,7 +80,7 @@ class Classifier(nn.Module):
 
 
 def init_state(key: jax.Array, cfg: classifier.ModelConfig, tx: optax.GradientTransformation, L):
-    """{"params", "opt_state", "step", "rng"} like `experiments.steps.init_state`."""
+    """{"params", "opt_state", "step", "rng"} like `experiments.optimization.init_state`."""
     init_key, dropout_key = jax.random.split(key)
     params = Classifier(cfg).init(init_key, jnp.ones((1, L), jnp.int32))["params"]
     return {
@@ -92,7 +92,7 @@ def init_state(key: jax.Array, cfg: classifier.ModelConfig, tx: optax.GradientTr
 
 
 def train_step(state, batch, *, cfg, tx, penalty_weight: float):
-    """One AdamW step on weighted cross-entropy (+ penalty); jit it with cfg, tx static."""
+    """One AdamW step on weighted cross-entropy (+ penalty); jit it over a functools.partial."""
     rng = jax.random.fold_in(state["rng"], state["step"])
 
     def loss_fn(params):

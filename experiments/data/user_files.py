@@ -11,8 +11,8 @@ unlabelled reviews) is ignored.
 
 Labels are strings (a column of 0/1 gives the label names ("0", "1")); the label names are the
 sorted distinct labels of the whole file unless given. Splits: the text's stable hash decides
-(`chinese_reviews.split_of`, 80/10/10); a `train` folder without a `validation` sibling gives 10%
-of its texts (by the same hash) to validation.
+(`splits.split_of`, 80/10/10); a `train` folder without a `validation` sibling gives 10% of its
+texts (`splits.held_out`) to validation.
 
 Malformed rows (missing field, empty text, empty or unknown label, undecodable bytes, NUL bytes,
 invalid JSON) are skipped and counted; more than `max_bad_fraction` of them is a UserError, fewer is
@@ -30,36 +30,15 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments import chinese_reviews
-from experiments.errors import UserError
+from experiments.cli import UserError
+from experiments.data.splits import SPLITS, held_out, split_of
 
-SPLITS = ("train", "validation", "test")
 FILE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".ndjson")
 _SHOW_BAD = 5  # how many malformed rows a message names
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
 # (where, text, label, split hint, error): text/label None when missing; error set when unparsable.
 Row = tuple[str, "str | None", "str | None", "str | None", "str | None"]
-
-
-def load_split(
-    path: str,
-    split: str,
-    *,
-    text_field: str = "text",
-    label_field: str = "label",
-    max_bad_fraction: float = 0.01,
-    label_names: Sequence[str] | None = None,
-) -> tuple[list[str], np.ndarray, tuple[str, ...]]:
-    """One split of a user's data as (texts, labels int32 [N], label names)."""
-    return load_splits(
-        path,
-        (split,),
-        text_field=text_field,
-        label_field=label_field,
-        max_bad_fraction=max_bad_fraction,
-        label_names=label_names,
-    )[split]
 
 
 def load_splits(
@@ -140,9 +119,9 @@ def load(
 
 def _assign_split(text: str, hint: str | None, has_validation: bool) -> str:
     if hint is None:
-        return chinese_reviews.split_of(text)
+        return split_of(text)
     if hint == "train" and not has_validation:
-        return "train" if chinese_reviews.hash_fraction(text) < 0.9 else "validation"
+        return "validation" if held_out(text) else "train"
     return hint
 
 

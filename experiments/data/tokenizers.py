@@ -23,7 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
-from experiments.errors import UserError
+from experiments.cli import UserError
 
 PAD, UNK, CLS = 0, 1, 2
 RESERVED = ("<pad>", "<unk>", "<cls>")

@@ -1,11 +1,23 @@
-"""Metrics as JSON lines (`metrics.jsonl`) and TensorBoard events, both safe across resumes."""
+"""Metrics: accuracy and macro-F1 from a confusion matrix, and the log of a run (`metrics.jsonl`
+plus TensorBoard events) that stays exact across resumes."""
 
 import json
 import os
 
+import numpy as np
 from tensorboardX import SummaryWriter
 
 FILENAME = "metrics.jsonl"
+
+
+def confusion_metrics(confusion_CxC: np.ndarray) -> dict:
+    """Accuracy and macro-F1 from a confusion matrix (rows = true label, columns = prediction)."""
+    total = confusion_CxC.sum()
+    tp_C = np.diag(confusion_CxC).astype(np.float64)
+    precision_C = tp_C / np.maximum(confusion_CxC.sum(0), 1)
+    recall_C = tp_C / np.maximum(confusion_CxC.sum(1), 1)
+    f1_C = 2 * precision_C * recall_C / np.maximum(precision_C + recall_C, 1e-12)
+    return {"accuracy": float(tp_C.sum() / max(total, 1)), "macro_f1": float(f1_C.mean())}
 
 
 def read(workdir: str) -> list[dict]:
@@ -16,7 +28,7 @@ def read(workdir: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-class MetricsLog:
+class Log:
     """Appends one JSON object per line; on resume drops the lines of steps after the checkpoint.
 
     Dropping them makes a resumed run's file identical to an uninterrupted run's.

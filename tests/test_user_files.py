@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from experiments import chinese_reviews, user_data
-from experiments.errors import UserError
+from experiments.cli import UserError
+from experiments.data import splits, user_files
 
 GOOD = [f"review number {i},{'neg' if i % 3 else 'pos'}" for i in range(100)]
 
@@ -18,7 +18,7 @@ def _csv(tmp_path, lines, name="d.csv", sep="\n") -> str:
 
 
 def _load(path, **kw):
-    return user_data.load(path, **kw)
+    return user_files.load(path, **kw)
 
 
 def test_csv_labels_splits_and_quoting(tmp_path):
@@ -27,7 +27,7 @@ def test_csv_labels_splits_and_quoting(tmp_path):
     assert sum(len(t) for t, _, _ in out.values()) == 101
     for split, (texts, labels, names) in out.items():
         assert names == ("neg", "pos") and labels.dtype == np.int32
-        assert all(chinese_reviews.split_of(t) == split for t in texts)
+        assert all(splits.split_of(t) == split for t in texts)
         for t, y in zip(texts, labels, strict=True):
             if t.startswith("review"):
                 assert names[y] == ("neg" if int(t.split()[-1]) % 3 else "pos")
@@ -37,7 +37,7 @@ def test_csv_labels_splits_and_quoting(tmp_path):
 
 def test_numeric_labels_stay_strings_and_sort_as_strings(tmp_path):
     lines = ["label,text"] + [f"{[10, 2, 0][i % 3]},text {i}" for i in range(100)]
-    texts, labels, names = user_data.load_split(_csv(tmp_path, lines), "train")
+    texts, labels, names = user_files.load_splits(_csv(tmp_path, lines), ("train",))["train"]
     assert names == ("0", "10", "2")
     assert all(
         names[y] == str([10, 2, 0][int(t.split()[1]) % 3])
@@ -121,7 +121,8 @@ def test_folder_with_split_subfolders(tmp_path):
     assert out["train"][2] == ("neg", "pos")
     assert len(out["test"][0]) == 40 and len(out["train"][0]) + len(out["validation"][0]) == 120
     assert all(t.startswith("test ") for t in out["test"][0])
-    assert all(chinese_reviews.hash_fraction(t) >= 0.9 for t in out["validation"][0])
+    assert all(splits.held_out(t) for t in out["validation"][0])
+    assert not any(splits.held_out(t) for t in out["train"][0])
     for texts, labels, names in out.values():
         assert all(t.split()[1] == names[y] for t, y in zip(texts, labels, strict=True))
 
@@ -172,7 +173,7 @@ def test_bad_arguments_and_tiny_split(tmp_path):
     with pytest.raises(UserError, match="max_bad_fraction must be in"):
         _load(path, max_bad_fraction=1.5)
     with pytest.raises(UserError, match="split='dev'"):
-        user_data.load_split(path, "dev")
+        user_files.load_splits(path, ("dev",))
     empty = next(s for s, (t, _, _) in _load(path).items() if not t)
     with pytest.raises(UserError, match=f"split '{empty}' is empty"):
-        user_data.load_split(path, empty)
+        user_files.load_splits(path, ("train", empty))

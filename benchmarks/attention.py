@@ -1,0 +1,233 @@
+"""Section 1: attention kernels. Ours (matrix and chunked) against jax.nn and Flax: time, XLA
+temp memory and FLOP/s over sequence lengths, forward and forward+backward, and three targets."""
+
+import dataclasses
+import functools
+import statistics
+from collections.abc import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from attn.attention import attention as attend
+from benchmarks import timing
+
+GIB = 1 << 30
+MAX_TEMP_BYTES = 8 * GIB  # methods whose estimated peak memory exceeds this are not run
+# XLA:CPU's fused custom (kCustom) kernels for softmax(QKᵀ)V allocate scratch outside buffer
+# assignment, so temp_size_in_bytes misses it: a fresh process running the matrix or flax forward
+# grows by two [B, H, L, L] float32 arrays while temp reports O(L) (benchmarks/probes/rss.py).
+# The skip rule therefore adds that much to every form except the chunked one (RSS ~ temp there).
+UNSEEN_LxL_SCRATCH = 2
+MAX_RUN_SECONDS = 120.0  # ... nor those whose extrapolated single run would take longer
+CELL_SECONDS = 6.0  # timing budget per (method, shape) once compiled: sets the repeats
+
+
+def ours(implementation: str) -> Callable:
+    """`attn.attention.attention` vmapped over heads and batch: q, k, v, out [B, L, H, D]."""
+
+    def one(q_LxD, k_LxD, v_LxD):
+        return attend(q_LxD, k_LxD, v_LxD, implementation=implementation)[0]
+
+    return jax.vmap(jax.vmap(one, in_axes=1, out_axes=1))
+
+
+METHODS: dict[str, Callable] = {
+    "matrix": ours("matrix"),
+    "chunked": ours("chunked"),
+    "jax.nn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, implementation="xla"),
+    "flax": lambda q, k, v: nn.dot_product_attention(q, k, v),
+}
+REFERENCE_TIME, REFERENCE_MEMORY = "jax.nn", "matrix"
+
+
+def program(fn: Callable, mode: str) -> Callable:
+    if mode == "fwd":
+        return fn
+    return jax.grad(lambda q, k, v: fn(q, k, v).sum(), argnums=(0, 1, 2))
+
+
+def attention_flops(batch: int, heads: int, length: int, d: int, mode: str) -> float:
+    """Matmul FLOPs of the textbook algorithm: QKᵀ and PV forward, four products backward."""
+    fwd = 4.0 * batch * heads * length**2 * d
+    return fwd if mode == "fwd" else 3.0 * fwd
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionPlan:
+    batch: int
+    heads: int
+    shapes: tuple[tuple[int, int], ...]  # (L, head dim)
+    only_chunked_above: int  # L above which only the chunked form is tried
+    max_repeats: int
+    matmul_n: int
+
+
+def plan(quick: bool) -> AttentionPlan:
+    if quick:
+        return AttentionPlan(2, 2, ((32, 8), (64, 8)), 64, 1, 256)
+    lengths = (128, 512, 1024, 2048, 4096, 8192, 16384)
+    shapes = [(L, 32) for L in lengths] + [(L, 64) for L in (512, 1024, 2048)]
+    return AttentionPlan(8, 4, tuple(sorted(shapes)), 8192, 15, 2048)
+
+
+def run(quick: bool) -> dict:
+    """The attention section of results.json."""
+    p = plan(quick)
+    mm_flops = timing.matmul_flops(p.matmul_n, 3 if quick else 7)
+    print(f"{p.matmul_n}² float32 matmul: {mm_flops / 1e9:.1f} GFLOP/s")
+    rows = []
+    last_time: dict[tuple[str, str, int], tuple[int, float]] = {}  # (method, mode, D) -> (L, s)
+    for length, d in p.shapes:
+        shape = (p.batch, length, p.heads, d)
+        keys = jax.random.split(jax.random.key(length * 1000 + d), 3)
+        q, k, v = (jax.random.normal(key, shape, jnp.float32) for key in keys)
+        for mode in ("fwd", "fwd_bwd"):
+            flops = attention_flops(p.batch, p.heads, length, d, mode)
+            cells, runs = {}, {}
+            for name, fn in METHODS.items():
+                if length > p.only_chunked_above and name != "chunked":
+                    spec = jax.ShapeDtypeStruct(shape, jnp.float32)
+                    compiled = jax.jit(program(fn, mode)).lower(spec, spec, spec).compile()
+                else:
+                    compiled = jax.jit(program(fn, mode)).lower(q, k, v).compile()
+                temp = int(compiled.memory_analysis().temp_size_in_bytes)
+                scratch = 0 if name == "chunked" else UNSEEN_LxL_SCRATCH * 4 * length**2
+                peak = temp + scratch * p.batch * p.heads
+                cell = {"method": name, "mode": mode, "L": length, "D": d, "temp_bytes": temp}
+                cell["estimated_peak_bytes"] = peak
+                prev = last_time.get((name, mode, d))
+                estimate = prev[1] * (length / prev[0]) ** 2 if prev else 0.0
+                if peak > MAX_TEMP_BYTES:
+                    cell["skipped"] = (
+                        f"temp {temp / GIB:.1f} GiB, estimated peak {peak / GIB:.1f} GiB > 8 GiB"
+                    )
+                elif length > p.only_chunked_above and name != "chunked":
+                    cell["skipped"] = f"only the chunked form runs above L={p.only_chunked_above}"
+                elif estimate > MAX_RUN_SECONDS:
+                    cell["skipped"] = (
+                        f"one run extrapolated to {estimate:.0f} s > {MAX_RUN_SECONDS:.0f} s"
+                    )
+                else:
+                    runs[name] = functools.partial(compiled, q, k, v)
+                cells[name] = cell
+            if runs:
+                # Repeats from the slowest method's extrapolated time, so big shapes run once.
+                slowest = max(
+                    (
+                        last_time[(n, mode, d)][1] * (length / last_time[(n, mode, d)][0]) ** 2
+                        for n in runs
+                        if (n, mode, d) in last_time
+                    ),
+                    default=0.0,
+                )
+                repeats = max(1, min(p.max_repeats, int(CELL_SECONDS / max(slowest, 1e-9))))
+                times = timing.time_interleaved(runs, repeats)
+                for name, ts in times.items():
+                    t = statistics.median(ts)
+                    last_time[(name, mode, d)] = (length, t)
+                    cells[name].update(
+                        time_s=t,
+                        repeats=repeats,
+                        gflops=flops / t / 1e9,
+                        fraction_of_matmul=flops / t / mm_flops,
+                    )
+            rss = timing.peak_rss_bytes()
+            ref_t = cells[REFERENCE_TIME].get("time_s")
+            ref_m = cells[REFERENCE_MEMORY]["temp_bytes"]
+            for cell in cells.values():
+                cell["peak_rss_bytes"] = rss
+                cell["memory_ratio_vs_matrix"] = cell["temp_bytes"] / max(ref_m, 1)
+                if ref_t and "time_s" in cell:
+                    cell["time_ratio_vs_jax_nn"] = cell["time_s"] / ref_t
+                rows.append(cell)
+                _print_attention_row(cell)
+    return {
+        "batch": p.batch,
+        "heads": p.heads,
+        "dtype": "float32",
+        "matmul_n": p.matmul_n,
+        "matmul_gflops": mm_flops / 1e9,
+        "max_temp_bytes": MAX_TEMP_BYTES,
+        "flops_note": "fwd 4·B·H·L²·D, fwd_bwd 3× that (no recomputation counted)",
+        "rows": rows,
+        "targets": targets(rows),
+    }
+
+
+def _print_attention_row(c: dict) -> None:
+    t = f"{c['time_s'] * 1e3:10.2f} ms" if "time_s" in c else f"{'skipped':>13}"
+    ratio = f"{c['time_ratio_vs_jax_nn']:6.2f}x" if "time_ratio_vs_jax_nn" in c else " " * 7
+    frac = f"{c['fraction_of_matmul']:6.1%}" if "fraction_of_matmul" in c else " " * 6
+    print(
+        f"L={c['L']:6d} D={c['D']:3d} {c['mode']:8s} {c['method']:8s} {t} {ratio} "
+        f"mem {c['temp_bytes'] / 2**20:10.1f} MiB ({c['memory_ratio_vs_matrix']:7.3f}x) "
+        f"{frac} {c.get('skipped', '')}"
+    )
+
+
+def _cell(rows, method, mode, length, d=None):
+    for r in rows:
+        if (r["method"], r["mode"], r["L"]) == (method, mode, length) and d in (None, r["D"]):
+            return r
+    return None
+
+
+def targets(rows: list[dict]) -> dict:
+    """The three attention targets, each with its numbers and met / missed."""
+    fb = [r for r in rows if r["method"] == "matrix" and r["mode"] == "fwd_bwd" and "time_s" in r]
+    both = [(r, _cell(rows, "jax.nn", "fwd_bwd", r["L"], r["D"])) for r in fb]
+    ratios = [
+        {"L": r["L"], "D": r["D"], "ratio": r["time_s"] / x["time_s"]}
+        for r, x in both
+        if x and "time_s" in x
+    ]
+    worst = max((x["ratio"] for x in ratios), default=None)
+    speed = {
+        "target": "scaled-dot (matrix) fwd+bwd time <= 1.05x jax.nn.dot_product_attention",
+        "ratios": ratios,
+        "worst": worst,
+        "met": worst is not None and worst <= 1.05,
+    }
+
+    lengths = sorted({r["L"] for r in rows})
+    big = 8192 if 8192 in lengths else max(lengths)
+    ch = _cell(rows, "chunked", "fwd_bwd", big, 32) or _cell(rows, "chunked", "fwd_bwd", big)
+    nv = _cell(rows, "matrix", "fwd_bwd", big, ch["D"]) if ch else None
+    mem_ratio = ch["temp_bytes"] / nv["temp_bytes"] if ch and nv else None
+    time_ratio = ch["time_s"] / nv["time_s"] if ch and nv and "time_s" in nv else None
+    # Where the naive form ran, the largest such L shows the time cost of chunking.
+    ran = [
+        (r["L"], r["time_s"], _cell(rows, "chunked", "fwd_bwd", r["L"], r["D"]))
+        for r in fb
+        if r["D"] == (ch["D"] if ch else 32)
+    ]
+    largest = max(ran, default=None, key=lambda x: x[0])
+    chunked = {
+        "target": f"chunked fwd+bwd at L={big}: temp <= 1/16 of matrix, time <= 1.3x matrix",
+        "L": big,
+        "memory_ratio": mem_ratio,
+        "time_ratio": time_ratio,
+        "matrix_skipped": nv.get("skipped") if nv else "not compiled",
+        "largest_L_both_ran": largest[0] if largest else None,
+        "time_ratio_at_largest_L_both_ran": (
+            largest[2]["time_s"] / largest[1] if largest and largest[2] else None
+        ),
+        "memory_met": mem_ratio is not None and mem_ratio <= 1 / 16,
+        "time_met": time_ratio is not None and time_ratio <= 1.3,
+    }
+    chunked["met"] = chunked["memory_met"] and chunked["time_met"]
+
+    top = max(lengths)
+    c_top = _cell(rows, "chunked", "fwd_bwd", top, 32) or _cell(rows, "chunked", "fwd_bwd", top)
+    n_top = _cell(rows, "matrix", "fwd_bwd", top, c_top["D"]) if c_top else None
+    runs_where = {
+        "target": f"chunked fwd+bwd runs at L={top} where matrix temp exceeds 8 GiB",
+        "L": top,
+        "chunked_time_s": c_top.get("time_s") if c_top else None,
+        "chunked_temp_bytes": c_top["temp_bytes"] if c_top else None,
+        "matrix_temp_bytes": n_top["temp_bytes"] if n_top else None,
+        "met": bool(c_top and "time_s" in c_top and n_top and n_top["temp_bytes"] > MAX_TEMP_BYTES),
+    }
+    return {"matrix_speed": speed, "chunked_memory": chunked, "chunked_long": runs_where}

@@ -1,0 +1,253 @@
+"""The report: results.json as written, and REPORT.md with a table and the targets (met or
+missed) of every section present, the attention plots, and the hand-written analysis.md."""
+
+import json
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.pyplot as plt  # noqa: E402
+
+from benchmarks import attention  # noqa: E402
+
+
+def _met(t: dict) -> str:
+    return "**met**" if t["met"] else "**missed**"
+
+
+def _num(x, fmt: str = ".3f") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+_STYLE = {"matrix": ("o", "-"), "chunked": ("s", "-"), "jax.nn": ("^", "--"), "flax": ("v", ":")}
+
+
+def plot_attention(att: dict, out: str) -> list[str]:
+    """Time and temp memory against L (log-log), one line per method, fwd and fwd+bwd panels."""
+
+    d = min(r["D"] for r in att["rows"])
+    rows = [r for r in att["rows"] if r["D"] == d]
+    names = []
+    for key, label in (("time_s", "time (s)"), ("temp_bytes", "XLA temp memory (MiB)")):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+        for ax, mode in zip(axes, ("fwd", "fwd_bwd"), strict=True):
+            for method in attention.METHODS:
+                pts = sorted(
+                    (r["L"], r[key], "skipped" in r)
+                    for r in rows
+                    if r["method"] == method and r["mode"] == mode and key in r
+                )
+                if not pts:
+                    continue
+                marker, ls = _STYLE[method]
+                scale = 1 if key == "time_s" else 2**-20
+                xs, ys = [p[0] for p in pts], [p[1] * scale for p in pts]
+                line = ax.plot(xs, ys, marker=marker, ls=ls, label=method, alpha=0.85)
+                skipped = [p for p in pts if p[2]]
+                if skipped:  # memory of compiled-but-not-run programs: hollow markers
+                    ax.scatter(
+                        [p[0] for p in skipped],
+                        [p[1] * scale for p in skipped],
+                        s=80,
+                        facecolors="none",
+                        edgecolors=line[0].get_color(),
+                    )
+            if key == "temp_bytes":
+                ax.axhline(
+                    attention.MAX_TEMP_BYTES / 2**20,
+                    color="gray",
+                    ls="--",
+                    lw=1,
+                    label="8 GiB skip threshold",
+                )
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("sequence length L")
+            ax.set_title(f"{'forward' if mode == 'fwd' else 'forward + backward'}")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0].set_ylabel(label)
+        axes[1].legend()
+        fig.suptitle(
+            f"attention, float32, batch {att['batch']}, {att['heads']} heads, head dim {d}"
+            + (" (hollow: compiled only, not run)" if key == "temp_bytes" else "")
+        )
+        fig.tight_layout()
+        name = f"attention_{'time' if key == 'time_s' else 'memory'}.png"
+        fig.savefig(os.path.join(out, name), dpi=110)
+        plt.close(fig)
+        names.append(name)
+    return names
+
+
+def _attention_md(att: dict, out: str) -> list[str]:
+    t = att["targets"]
+    lines = [
+        "## 1. Attention kernels",
+        "",
+        f"float32, batch {att['batch']}, {att['heads']} heads; q, k, v [B, L, H, D]; no mask. "
+        f"`matrix` and `chunked` are `attn.attention.attention` vmapped over batch and heads; "
+        f"`jax.nn` is `jax.nn.dot_product_attention(implementation='xla')`; `flax` is "
+        f"`flax.linen.dot_product_attention`. fwd+bwd = grad of the sum of outputs wrt q, k, v. "
+        f"Time: median over interleaved repeats of the AOT-compiled program; memory: XLA "
+        f"`temp_size_in_bytes`; est. peak adds the two [B, H, L, L] float32 scratch arrays that "
+        f"XLA:CPU's fused kernels allocate outside it for every form but the chunked one "
+        f"(measured with benchmarks/probes/rss.py); the 8 GiB skip rule uses est. peak. "
+        f"FLOP/s use {att['flops_note']}, as a fraction of the "
+        f"{att['matmul_n']}² float32 matmul measured in the same run: "
+        f"**{att['matmul_gflops']:.1f} GFLOP/s**.",
+        "",
+        "| L | D | mode | method | time (ms) | × jax.nn | temp MiB | × matrix | est. peak MiB "
+        "| GFLOP/s | of matmul | repeats | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in att["rows"]:
+        lines.append(
+            f"| {r['L']} | {r['D']} | {r['mode']} | {r['method']} | "
+            f"{_num(r.get('time_s') and r['time_s'] * 1e3, '.1f')} | "
+            f"{_num(r.get('time_ratio_vs_jax_nn'), '.2f')} | {r['temp_bytes'] / 2**20:.1f} | "
+            f"{r['memory_ratio_vs_matrix']:.3f} | {r['estimated_peak_bytes'] / 2**20:.0f} | "
+            f"{_num(r.get('gflops'), '.1f')} | "
+            f"{_num(r.get('fraction_of_matmul'), '.1%')} | {r.get('repeats', '')} | "
+            f"{r.get('skipped', '')} |"
+        )
+    s, c, lg = t["matrix_speed"], t["chunked_memory"], t["chunked_long"]
+    ratios = ", ".join(f"L={x['L']}/D={x['D']}: {x['ratio']:.3f}" for x in s["ratios"])
+    lines += [
+        "",
+        "### Targets",
+        "",
+        f"- {s['target']}: {_met(s)}; worst ratio {_num(s['worst'], '.3f')} ({ratios}).",
+        f"- {c['target']}: memory {_met({'met': c['memory_met']})} (chunked/matrix "
+        f"{_num(c['memory_ratio'], '.5f')}); time "
+        f"{_met({'met': c['time_met']})} (chunked/matrix {_num(c['time_ratio'], '.2f')}; "
+        f"matrix at L={c['L']}: {c['matrix_skipped'] or 'ran'}; at L={c['largest_L_both_ran']}, "
+        f"the largest L where both ran, chunked/matrix time = "
+        f"{_num(c['time_ratio_at_largest_L_both_ran'], '.2f')}).",
+        f"- {lg['target']}: {_met(lg)}; chunked {_num(lg['chunked_time_s'], '.1f')} s with "
+        f"{lg['chunked_temp_bytes'] / 2**20:.0f} MiB temp; matrix would need "
+        f"{lg['matrix_temp_bytes'] / attention.GIB:.1f} GiB.",
+        "",
+    ]
+    for name in plot_attention(att, out):
+        lines += [f"![{name}]({name})", ""]
+    return lines
+
+
+def _train_md(tr: dict) -> list[str]:
+    p, t = tr["pipeline"], tr["targets"]["train_speed"]
+    m = tr["model"]
+    lines = [
+        "## 2. Train step: ours vs a flax.linen twin",
+        "",
+        f"`experiments.optimization.train_step` (jit) against `benchmarks.flax_twin` "
+        f"(`nn.MultiHeadDotProductAttention`, same embedding, positions, pre-LN blocks, pooling "
+        f"and head), same real batch, same optax optimizer, dropout on in both. Model: "
+        f"d_model {m['d_model']}, {m['num_heads']} heads, {m['num_layers']} layer(s), d_ff "
+        f"{m['d_ff']}, pooling {m['pooling']}, n-gram buckets {m['ngram_buckets']}, vocab "
+        f"{m['vocab_size']}. Parameter counts: ours {tr['param_count']['ours']:,}, flax "
+        f"{tr['param_count']['flax']:,} (asserted equal). Median of interleaved steps.",
+        "",
+        "| L | batch | ours ex/s | flax ex/s | ratio | ours tokens/s | flax tokens/s "
+        "| ours real tokens/s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in tr["rows"]:
+        o, f = r["ours"], r["flax"]
+        lines.append(
+            f"| {r['L']} | {r['batch']} | {o['examples_per_s']:.1f} | {f['examples_per_s']:.1f} | "
+            f"{r['ratio']:.3f} | {o['tokens_per_s']:.0f} | {f['tokens_per_s']:.0f} | "
+            f"{o['real_tokens_per_s']:.0f} |"
+        )
+    lines += [
+        "",
+        f"Input pipeline (`prefetch(train_batches(...))` over {p['steps']} real steps of an "
+        f"epoch, all bucket shapes compiled beforehand): **{p['wait_fraction']:.2%}** of the "
+        f"loop time is spent in `next()` ({p['wait_seconds']:.3f} s of {p['seconds']:.2f} s); "
+        f"end to end {p['examples_per_s']:.1f} examples/s.",
+        "",
+        "### Target",
+        "",
+        f"- {t['target']}: {_met(t)}; worst ratio {t['worst']:.3f}.",
+        "",
+    ]
+    return lines
+
+
+def _accuracy_md(acc: dict) -> list[str]:
+    b, t = acc["tfidf_logreg"], acc["targets"]["beats_baseline"]
+    bs = acc["tfidf_sublinear_logreg"]
+    lines = [
+        "## 3. Accuracy",
+        "",
+        f"`experiments.train.train_and_evaluate(configs/{acc['config']}, tmp)`; wall time "
+        f"includes data loading, tokenizer, compiles, training, validation and test evaluation. "
+        f"Baseline: character 1-3-gram TF-IDF + logistic regression (scikit-learn), fit on "
+        f"train ({b['num_train']:,} texts), C chosen on validation from "
+        f"{sorted(float(c) for c in b['validation_accuracy'])}, test on the same "
+        f"{b['num_test']:,} examples; with and without sublinear tf (1 + log tf).",
+        "",
+        "| model | test accuracy | macro-F1 | wall (s) | note |",
+        "|---|---|---|---|---|",
+    ]
+    for name in ("default", "structured", "mean"):
+        r = acc[name]
+        note = f"pooling {r['model']['pooling']}, {r['epochs']} epochs" + (
+            f", max_steps {r['max_steps']}" if r["max_steps"] else ""
+        )
+        if r.get("same_as"):
+            note = f"the default already uses mean pooling: same run as {r['same_as']}"
+        lines.append(
+            f"| {name} | {r['test_accuracy']:.4f} | {r['test_macro_f1']:.4f} | "
+            f"{r['wall_s']:.0f} | {note} |"
+        )
+    lines += [
+        f"| TF-IDF + logreg | {b['test_accuracy']:.4f} | | {b['wall_s']:.0f} | C={b['best_C']} |",
+        f"| TF-IDF (sublinear tf) + logreg | {bs['test_accuracy']:.4f} | | {bs['wall_s']:.0f} | "
+        f"C={bs['best_C']} |",
+        "",
+        "### Target",
+        "",
+        f"- {t['target']}: {_met(t)}; {t['accuracy']:.4f} vs {t['baseline']:.4f} in "
+        f"{t['wall_s']:.0f} s.",
+        "",
+    ]
+    return lines
+
+
+def write(results: dict, out: str) -> None:
+    """results.json, and REPORT.md (+ PNGs) for every section present."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=2)
+    lines = [
+        "# Benchmarks",
+        "",
+        "Generated by `python -m benchmarks [attention|train|accuracy|all]` on 2 CPU "
+        "cores shared with other jobs (timings are noisy; ratios come from interleaved runs in "
+        "one process). Every number is copied from `results.json`; a section that was not re-run "
+        "keeps the numbers of the run that produced it.",
+        "",
+    ]
+    for name, fn in (("attention", None), ("train", _train_md), ("accuracy", _accuracy_md)):
+        if name not in results:
+            continue
+        sec = results[name]
+        lines += _attention_md(sec, out) if fn is None else fn(sec)
+        lines += [
+            f"_Section wall time {sec.get('wall_s', 0):.0f} s; process peak RSS so far "
+            f"{_peak(sec) / 2**30:.2f} GiB{'; --quick' if sec.get('quick') else ''}._",
+            "",
+        ]
+    notes = os.path.join(out, "analysis.md")
+    if os.path.exists(notes):  # hand-written reading of the numbers, kept across runs
+        with open(notes, encoding="utf-8") as f:
+            lines += [f.read()]
+    with open(os.path.join(out, "REPORT.md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+
+
+def _peak(sec: dict) -> int:
+    if "peak_rss_bytes" in sec:
+        return sec["peak_rss_bytes"]
+    return max((r["peak_rss_bytes"] for r in sec.get("rows", [])), default=0)

@@ -1,0 +1,93 @@
+"""Texts to token ids: the one place where a tokenizer is built or loaded and texts are encoded.
+
+Training builds the tokenizer from its train split and saves it into the workdir; a resumed run,
+evaluate, predict and visualize use the saved one, so ids mean the same thing everywhere.
+"""
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from experiments.cli import UserError
+from experiments.data import datasets, tokenizers
+from experiments.data.splits import SPLITS
+from experiments.data.tokenizers import CLS
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    texts: list[str]
+    ids: list[np.ndarray]  # int32 [n <= max_len] per text
+    labels: np.ndarray  # int32 [N]
+
+
+@dataclasses.dataclass(frozen=True)
+class Encoded:
+    tokenizer: tokenizers.Tokenizer
+    label_names: tuple[str, ...]
+    splits: dict[str, Split]
+
+
+def load(
+    data: Any,
+    splits: Sequence[str] = SPLITS,
+    *,
+    add_cls: bool,
+    tokenizer: tokenizers.Tokenizer | None = None,
+    workdir: str | None = None,
+) -> Encoded:
+    """`splits` of `data.dataset` (config.data), read and encoded.
+
+    The tokenizer is `tokenizer` if given, else the one saved in `workdir` (a resumed run), else
+    one built from the train split, which is then saved into `workdir` if one is given.
+    """
+    examples = datasets.load_splits(data, splits)
+    if tokenizer is None:
+        tokenizer = _tokenizer(data, examples, workdir)
+    encoded = {
+        s: Split(texts, encode(tokenizer, texts, max_len=data.max_len, add_cls=add_cls), labels)
+        for s, (texts, labels, _) in examples.items()
+    }
+    return Encoded(tokenizer, next(iter(examples.values()))[2], encoded)
+
+
+def encode(
+    tokenizer: tokenizers.Tokenizer, texts: Sequence[str], *, max_len: int, add_cls: bool
+) -> list[np.ndarray]:
+    """Token ids per text, int32 [n <= max_len], keeping the first tokens; CLS (if any) counts."""
+    if max_len < 1 + add_cls:
+        raise ValueError(f"max_len must be >= {1 + add_cls}, got {max_len}")
+    keep = max_len - add_cls
+    prefix = np.array([CLS] * add_cls, np.int32)
+    return [np.concatenate([prefix, tokenizer.encode(t)[:keep]]) for t in texts]
+
+
+def check_text(text: str) -> str:
+    """A text a user wants classified, or a UserError saying why it cannot be."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UserError("text is not valid UTF-8") from None
+    if not text.strip():
+        raise UserError("text is empty")
+    return text
+
+
+def _tokenizer(data: Any, examples: dict, workdir: str | None) -> tokenizers.Tokenizer:
+    if workdir and os.path.exists(os.path.join(workdir, "tokenizer.json")):
+        return tokenizers.load_tokenizer(workdir)
+    if "train" not in examples:
+        raise ValueError("building a tokenizer needs the train split")
+    tok = tokenizers.build_tokenizer(
+        data.tokenizer,
+        examples["train"][0],
+        lowercase=data.lowercase,
+        min_freq=data.min_freq,
+        max_vocab=data.max_vocab,
+    )
+    if workdir:
+        tok.save(workdir)
+    return tok

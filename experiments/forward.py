@@ -1,0 +1,103 @@
+"""The model without gradients: class probabilities and metrics of a whole split, and one text's
+probabilities with its attention maps."""
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attn import classifier
+from experiments import metrics, optimization
+from experiments.data import batching
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def eval_step(params: Any, batch: dict, *, cfg: classifier.ModelConfig) -> tuple[dict, jax.Array]:
+    """Per-batch metric sums and the class probabilities [B, C]."""
+    _, sums, logits_BxC = optimization.loss_and_metrics(
+        params, batch, cfg, label_smoothing=0.0, penalty_weight=0.0, train=False, rng=None
+    )
+    return sums, jax.nn.softmax(logits_BxC)
+
+
+def probabilities(
+    params: Any,
+    cfg: classifier.ModelConfig,
+    ids: Sequence[np.ndarray],
+    labels: np.ndarray,
+    *,
+    data: Any,
+    put: Callable[[dict], Any] = jax.device_put,
+) -> tuple[np.ndarray, float]:
+    """Class probabilities [N, C] in example order, and the summed cross-entropy.
+
+    `data` is config.data (batch size, buckets, max_len); `put` places a batch on the devices.
+    """
+    probs_NxC = np.zeros((len(ids), cfg.num_classes), np.float32)
+    loss_sum = 0.0
+    for idx, batch in batching.eval_batches(
+        ids,
+        labels,
+        batch_size=data.eval_batch_size,
+        buckets=tuple(data.buckets),
+        max_len=data.max_len,
+    ):
+        sums, probs_BxC = eval_step(params, put(batch), cfg=cfg)
+        probs_NxC[idx] = np.asarray(probs_BxC)[: len(idx)]
+        loss_sum += float(sums["loss_sum"])
+    return probs_NxC, loss_sum
+
+
+def evaluate(
+    params: Any,
+    cfg: classifier.ModelConfig,
+    ids: Sequence[np.ndarray],
+    labels: np.ndarray,
+    *,
+    data: Any,
+    put: Callable[[dict], Any] = jax.device_put,
+) -> dict:
+    """accuracy, macro_f1, loss, confusion, num_examples and examples_per_sec on one split."""
+    start = time.perf_counter()
+    probs_NxC, loss_sum = probabilities(params, cfg, ids, labels, data=data, put=put)
+    seconds = time.perf_counter() - start
+    confusion = np.zeros((cfg.num_classes, cfg.num_classes), np.int64)
+    np.add.at(confusion, (labels, probs_NxC.argmax(-1)), 1)
+    n = len(ids)
+    return {
+        **metrics.confusion_metrics(confusion),
+        "loss": loss_sum / max(n, 1),
+        "confusion": confusion.tolist(),
+        "num_examples": n,
+        "examples_per_sec": n / max(seconds, 1e-9),
+    }
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _forward(params: Any, tokens_BxL: jax.Array, *, cfg: classifier.ModelConfig):
+    logits_BxC, aux = classifier.apply(params, tokens_BxL, cfg)
+    return jax.nn.softmax(logits_BxC), aux
+
+
+def analyse(params: Any, cfg: classifier.ModelConfig, ids_L: np.ndarray) -> dict:
+    """Probabilities [C], per-layer attention [H, L, L] and the attention each token receives [L].
+
+    Chunked attention never forms the weights, so maps are computed with the matrix form:
+    the same function of the same parameters.
+    """
+    cfg = dataclasses.replace(cfg, implementation="matrix")
+    tokens_1xL = jnp.asarray(ids_L[None, :], jnp.int32)
+    probs_1xC, aux = _forward(params, tokens_1xL, cfg=cfg)
+    attention = [np.asarray(w[0], np.float32) for w in aux["attention"]]
+    if aux["pool_weights"] is not None:  # structured pooling: what the classifier reads
+        received_L = np.asarray(aux["pool_weights"][0], np.float32).mean(0)
+    elif attention:
+        received_L = attention[-1].mean(axis=(0, 1))
+    else:
+        received_L = np.full(len(ids_L), 1.0 / max(len(ids_L), 1), np.float32)
+    return {"probs": np.asarray(probs_1xC[0]), "attention": attention, "received": received_L}

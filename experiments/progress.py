@@ -1,0 +1,127 @@
+"""The train loop's host side: each step's metrics read one step late, summed over a window,
+logged every few steps, shown in the progress bar; and the stop when training diverges."""
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from tqdm import tqdm
+
+from experiments import metrics
+from experiments.cli import UserError
+
+_END = object()
+
+
+class Window:
+    """Sums over the train steps since the last log line; a step with a non-finite loss (skipped
+    by the optimizer) adds nothing."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss_sum = self.correct = self.count = 0.0
+        self.wait = 0.0  # seconds spent waiting for the input pipeline
+        self.start = time.perf_counter()
+
+    def add(self, m: dict) -> None:
+        if np.isfinite(m["loss"]):
+            self.loss_sum += float(m["loss_sum"])
+            self.correct += float(m["correct"])
+            self.count += float(m["count"])
+
+    def row(self, m: dict) -> dict:
+        """The log line for the window, with the optimizer's counters of its last step `m`."""
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        seen = self.count or float("nan")  # only skipped steps: no loss, not a misleading 0
+        return {
+            "loss": self.loss_sum / seen,
+            "accuracy": self.correct / seen,
+            "examples_per_sec": self.count / elapsed,
+            "input_wait_fraction": self.wait / elapsed,
+            "skipped_steps": int(m["nonfinite_total"]),
+            "grad_norm": float(m["grad_norm"]),
+        }
+
+
+class Progress(contextlib.AbstractContextManager):
+    """Logs train steps `start + 1 ... total_steps` of a run in `workdir` (see `metrics.Log`).
+
+    `push` hands over a step's metrics while they are still being computed; they are read when
+    the next step has been dispatched, so the device never waits for the host. A log line every
+    config.train.log_every_steps; after config.optim.max_nonfinite consecutive skipped steps it
+    stops the run, naming the last good checkpoint, `last_good()`.
+    """
+
+    def __init__(
+        self,
+        workdir: str,
+        config: ml_collections.ConfigDict,
+        start: int,
+        total_steps: int,
+        last_good: Callable[[], int | None],
+    ):
+        self.total_steps, self.last_good = total_steps, last_good
+        self.log_every = config.train.log_every_steps
+        self.max_nonfinite = config.optim.max_nonfinite
+        self.log = metrics.Log(workdir, start)
+        self.bar = tqdm(total=total_steps, initial=start, desc="train", unit="step", mininterval=1)
+        self.window = Window()
+        self.pending: tuple[int, Any] | None = None
+
+    def timed(self, batches: Iterator) -> Iterator:
+        """`batches`, counting the time spent in each next() as waiting for input."""
+        while True:
+            start = time.perf_counter()
+            batch = next(batches, _END)
+            self.window.wait += time.perf_counter() - start
+            if batch is _END:
+                return
+            yield batch
+
+    def push(self, step: int, m: Any) -> None:
+        """Records the step before `step`, and keeps this one's metrics for later."""
+        self.flush()
+        self.pending = (step, m)
+
+    def flush(self) -> None:
+        """Records the step pushed last (before an evaluation or a checkpoint)."""
+        if self.pending is not None:
+            self._record(*self.pending)
+            self.pending = None
+
+    def validation(self, step: int, val: dict) -> None:
+        self.log.write(step, "validation", val)
+        self.bar.write(
+            f"step {step}: validation accuracy {val['accuracy']:.4f} loss {val['loss']:.4f}"
+        )
+
+    def _record(self, step: int, m: Any) -> None:
+        m = jax.device_get(m)
+        if int(m["nonfinite_run"]) >= self.max_nonfinite:
+            raise UserError(
+                f"{self.max_nonfinite} consecutive steps had non-finite loss or gradients "
+                f"(last at step {step}); lower config.optim.learning_rate. The last good "
+                f"checkpoint is step {self.last_good()}"
+            )
+        self.window.add(m)
+        self.bar.update(1)
+        if step % self.log_every == 0 or step == self.total_steps:
+            row = self.window.row(m)
+            self.log.write(step, "train", row)
+            self.bar.set_postfix(
+                loss=f"{row['loss']:.3f}",
+                acc=f"{row['accuracy']:.3f}",
+                ex_s=f"{row['examples_per_sec']:.0f}",
+                skipped=row["skipped_steps"],
+            )
+            self.window.reset()
+
+    def __exit__(self, *exc) -> None:
+        self.bar.close()
+        self.log.close()

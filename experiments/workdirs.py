@@ -1,0 +1,114 @@
+"""A training workdir: the checks before writing into one, atomic JSON files, and loading a trained
+one (config, tokenizer, model config and the weights to serve) for evaluate, predict and visualize.
+
+A workdir holds config.json, tokenizer.json and vocab.txt, checkpoints/ and best/ (see
+`checkpoints`), metrics.jsonl and tensorboard/, eval_<split>.json, curves.png and visualize/.
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from attn import classifier
+from experiments import checkpoints
+from experiments.cli import UserError
+from experiments.data import encoding, tokenizers
+
+MIN_FREE_BYTES = 64 << 20
+_KEY = jax.random.PRNGKey(0)  # shapes only: init runs under jax.eval_shape
+
+
+def check_writable(workdir: str) -> None:
+    """Fails before any work when the workdir cannot hold checkpoints."""
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        probe = os.path.join(workdir, ".write_test")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise UserError(f"workdir {workdir!r} is not writable: {e.strerror}") from None
+    free = shutil.disk_usage(workdir).free
+    if free < MIN_FREE_BYTES:
+        raise UserError(f"workdir {workdir!r} has only {free >> 20} MiB free; need 64 MiB")
+
+
+def write_json(path: str, obj: object) -> None:
+    """Writes `obj` to `path` whole or not at all (a temporary file, then a rename)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, ensure_ascii=False)
+    os.replace(tmp, path)
+
+
+@dataclasses.dataclass(frozen=True)
+class Trained:
+    config: ml_collections.ConfigDict
+    cfg: classifier.ModelConfig
+    params: Any  # the weight average when the run kept one
+    tokenizer: tokenizers.Tokenizer
+    label_names: tuple[str, ...]
+    step: int
+
+
+def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
+    """All that evaluate, predict and visualize need; UserError when the workdir lacks it.
+
+    Only the weights are read: no optimizer or train state is built.
+    """
+    if not os.path.isdir(workdir):
+        raise UserError(f"workdir {workdir!r} does not exist; train first with experiments.train")
+    config_path = os.path.join(workdir, "config.json")
+    if not os.path.exists(config_path):
+        raise UserError(f"{workdir!r} has no config.json; is it a training workdir?")
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            config = ml_collections.ConfigDict(json.load(f))
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {config_path}: {e}") from None
+    step = checkpoints.latest_step(workdir, which)
+    if step is None and which == checkpoints.BEST:  # a run stopped before its first evaluation
+        which = checkpoints.LAST
+        step = checkpoints.latest_step(workdir, which)
+    if step is None:
+        raise UserError(f"{workdir!r} holds no checkpoint yet; train (or resume) first")
+    with checkpoints.reader(workdir, which) as mngr:
+        meta = checkpoints.read_meta(mngr, step)
+        cfg = _model_config(meta, f"checkpoint {step} in {workdir!r}")
+        tok = tokenizers.load_tokenizer(workdir)
+        if tok.vocab_size != cfg.vocab_size:
+            raise UserError(
+                f"vocabulary in {workdir!r} has {tok.vocab_size} ids but the checkpoint expects "
+                f"{cfg.vocab_size}; the workdir is inconsistent"
+            )
+        # Only the weights to serve: the weight average when the run kept one.
+        served = "ema" if meta.get("ema", False) else "params"
+        target = {served: jax.eval_shape(lambda key: classifier.init(key, cfg), _KEY)}
+        state, _ = checkpoints.restore(mngr, step, target, partial=True)
+    return Trained(config, cfg, state[served], tok, tuple(meta["label_names"]), step)
+
+
+def encode(trained: Trained, text: str) -> np.ndarray:
+    """Token ids of one user text as the model saw texts in training (truncation, CLS)."""
+    return encoding.encode(
+        trained.tokenizer,
+        [encoding.check_text(text)],
+        max_len=trained.cfg.max_len,
+        add_cls=trained.cfg.pooling == "cls",
+    )[0]
+
+
+def _model_config(meta: dict, where: str) -> classifier.ModelConfig:
+    try:
+        model = meta["model"]
+        return classifier.ModelConfig(
+            **{**model, "ngram_orders": tuple(model.get("ngram_orders", ()))}
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"{where} has an unusable model config: {e}") from None
