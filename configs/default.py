@@ -15,8 +15,11 @@ Variants (`configs/default.py:<arg>`):
 
 import ml_collections
 
+from configs import common
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    common.check_variant(arg, ("tiny", "structured"), __file__)
     config = ml_collections.ConfigDict()
 
     config.data = ml_collections.ConfigDict()
@@ -93,7 +96,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.train.log_every_steps = 1
     elif arg == "structured":
         config.model.pooling = "structured"
-    elif arg is not None:
-        raise ValueError(f"unknown variant {arg!r} of configs/default.py; valid: tiny, structured")
     config.lock()
     return config

@@ -10,12 +10,11 @@ attention; `tiny` for tests. Not yet run by us: no result is claimed.
 
 import ml_collections
 
-from configs import default
+from configs import common, default
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    if arg not in (None, "4k", "tiny"):
-        raise ValueError(f"unknown variant {arg!r} of configs/lra_text.py; valid: 4k, tiny")
+    common.check_variant(arg, ("4k", "tiny"), __file__)
     config = default.get_config("tiny" if arg == "tiny" else None)
     with config.unlocked():
         config.data.dataset = "imdb_reviews"

@@ -1,0 +1,59 @@
+"""Config files: each loads its variants, refuses any other in one line, and builds a model."""
+
+import importlib
+
+import pytest
+from conftest import ROOT, run_here
+
+from attn import classifier
+from experiments import optimization
+
+VARIANTS = {
+    "default": (None, "tiny", "structured"),
+    "csv": (None, "tiny"),
+    "imdb": (None, "tiny"),
+    "sst2": (None, "tiny"),
+    "lra_text": (None, "4k", "tiny"),
+}
+
+
+def test_every_config_file_is_listed():
+    files = {p.stem for p in (ROOT / "configs").glob("*.py") if "def get_config" in p.read_text()}
+    assert files == set(VARIANTS)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_variants_load_and_make_a_valid_model(name):
+    module = importlib.import_module(f"configs.{name}")
+    for arg in VARIANTS[name]:
+        config = module.get_config(arg)
+        optimization.check_optim(config.optim)
+        cfg = optimization.model_config(config, vocab_size=100, num_classes=2)
+        assert isinstance(cfg, classifier.ModelConfig) and cfg.max_len == config.data.max_len
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_unknown_variant_is_one_line(name, capsys):
+    proc = run_here("experiments.data_info", f"--config=configs/{name}.py:foo", capsys=capsys)
+    assert proc.returncode == 2 and proc.stdout == ""
+    valid = ", ".join(v for v in VARIANTS[name] if v)
+    assert proc.stderr.splitlines() == [
+        f"error: flag --config=configs/{name}.py:foo: Error whilst parsing config file: "
+        f"ValueError: unknown variant 'foo' of configs/{name}.py; valid: {valid}"
+    ]
+
+
+def test_imdb_and_sst2_share_the_word_model():
+    from configs import imdb, sst2
+
+    a, b = imdb.get_config(), sst2.get_config()
+    for section, field in [
+        ("data", "tokenizer"),
+        ("model", "d_model"),
+        ("model", "num_layers"),
+        ("model", "ngram_buckets"),
+        ("optim", "adversarial_eps"),
+    ]:
+        assert a[section][field] == b[section][field]
+    assert (a.data.tokenizer, a.model.ngram_buckets, a.optim.adversarial_eps) == ("word", 0, 0.0)
+    assert (a.data.dataset, b.data.dataset) == ("imdb_reviews", "glue/sst2")
