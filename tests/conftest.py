@@ -5,6 +5,7 @@ cache (shared by xdist workers and by the CLI subprocesses, which inherit the en
 each recompile into a disk read, so a tiny run costs a few seconds instead of ~20 s of CPU.
 """
 
+import fcntl
 import hashlib
 import importlib
 import io
@@ -14,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -33,6 +35,12 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Slow tests first: with pytest-xdist one worker starts on them while the others take the
+    rest, instead of the longest test starting last."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def tiny_config(data_dir: str, **overrides) -> ml_collections.ConfigDict:
@@ -153,14 +161,31 @@ def assert_trees_equal(a, b) -> None:
         assert x.tobytes() == y.tobytes()
 
 
+def _built_once(tmp_path_factory, name: str, build: Callable[[str], object]) -> str:
+    """The directory `name`, filled by `build(path)` once per test session: pytest-xdist workers
+    share it (the first to take the lock builds it; the others wait, then reuse it)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's directory, above each worker's own
+    path, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            build(str(path))
+            done.touch()
+    return str(path)
+
+
 @pytest.fixture(scope="session")
 def tfds_dir(tmp_path_factory) -> str:
-    """A TFDS data_dir with chinese_reviews prepared (a few seconds, once per worker)."""
+    """A TFDS data_dir with chinese_reviews prepared (a few seconds, once per session)."""
     from experiments.data import datasets
 
-    path = str(tmp_path_factory.mktemp("tfds"))
-    datasets.load_splits(tiny_config(path).data, ("test",))
-    return path
+    def prepare(path: str) -> None:
+        datasets.load_splits(tiny_config(path).data, ("test",))
+
+    return _built_once(tmp_path_factory, "tfds", prepare)
 
 
 @pytest.fixture(scope="session")
@@ -171,9 +196,10 @@ def trained(tmp_path_factory, tfds_dir) -> str:
     """
     from experiments import train
 
-    workdir = str(tmp_path_factory.mktemp("trained") / "run")
-    train.train_and_evaluate(tiny_config(tfds_dir), workdir)
-    return workdir
+    def run_tiny(workdir: str) -> None:
+        train.train_and_evaluate(tiny_config(tfds_dir), workdir)
+
+    return _built_once(tmp_path_factory, "trained", run_tiny)
 
 
 @pytest.fixture

@@ -37,18 +37,13 @@ def _cfg(**kw) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(d)
 
 
-@pytest.fixture(scope="session")
-def embedded_dir(tmp_path_factory) -> str:
-    return str(tmp_path_factory.mktemp("tfds"))
-
-
 def _one_by_one(cfg) -> dict:
     return {s: datasets.load_splits(cfg, (s,))[s] for s in SPLITS}
 
 
 @pytest.fixture(scope="session")
-def embedded(embedded_dir):
-    return _one_by_one(_cfg(data_dir=embedded_dir))
+def embedded(tfds_dir):
+    return _one_by_one(_cfg(data_dir=tfds_dir))
 
 
 def test_embedded_counts_and_balance(embedded):
