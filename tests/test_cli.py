@@ -1,5 +1,6 @@
-"""The commands: evaluate, predict and visualize as real processes, and one-line errors for user
-mistakes, checked in this process through the same flag parsing and error handling."""
+"""The commands evaluate, predict and visualize, and one-line errors for user mistakes: checked in
+this process through the same flag parsing and error handling, with `predict` and a refused
+resume also run as real processes."""
 
 import json
 import os
@@ -9,8 +10,10 @@ import pytest
 from conftest import assert_one_line_error, run, run_here, tiny_flags, tree_hash
 
 
-def test_evaluate_predict_visualize_commands(trained_copy):
-    proc = run("experiments.evaluate", f"--workdir={trained_copy}", "--split=test")
+def test_evaluate_predict_visualize_commands(trained_copy, capsys):
+    proc = run_here(
+        "experiments.evaluate", f"--workdir={trained_copy}", "--split=test", capsys=capsys
+    )
     assert proc.returncode == 0, proc.stderr
     with open(os.path.join(trained_copy, "eval_test.json"), encoding="utf-8") as f:
         result = json.load(f)
@@ -18,6 +21,7 @@ def test_evaluate_predict_visualize_commands(trained_copy):
     assert result["num_examples"] == 1726
     assert f"{result['accuracy']:.4f}" in proc.stdout and "confusion" in proc.stdout
 
+    # A real process: stdout, stderr and the exit status as a shell sees them.
     proc = run("experiments.predict", f"--workdir={trained_copy}", "--top=2", "很好看", "太差了")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
@@ -29,7 +33,7 @@ def test_evaluate_predict_visualize_commands(trained_copy):
         assert len(tokens) == 2 and set(tokens) <= set(text)
 
     out = os.path.join(trained_copy, "visualize")
-    proc = run("experiments.visualize", f"--workdir={trained_copy}", "很好看")
+    proc = run_here("experiments.visualize", f"--workdir={trained_copy}", "很好看", capsys=capsys)
     assert proc.returncode == 0, proc.stderr
     written = proc.stdout.split()
     assert sorted(os.listdir(out)) == [
