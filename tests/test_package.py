@@ -1,5 +1,7 @@
-"""Package promises: the README example runs; attn/ stays free of TF, I/O and configs."""
+"""Package promises: the README example runs; attn/ stays free of TF, I/O and configs; entry
+points in experiments/ are imported by no module there."""
 
+import ast
 import pathlib
 import re
 import subprocess
@@ -31,3 +33,18 @@ def test_library_sources_do_no_io():
         source = path.read_text(encoding="utf-8")
         for forbidden in ("import tensorflow", "open(", "ml_collections", "print("):
             assert forbidden not in source, f"{path.name} contains {forbidden!r}"
+
+
+def test_no_module_in_experiments_imports_an_entry_point():
+    entry_points = {"train", "evaluate", "predict", "visualize", "data_info"}
+    for path in sorted((ROOT / "experiments").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == "experiments":
+                names = {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom | ast.Import):
+                modules = [node.module] if isinstance(node, ast.ImportFrom) else []
+                modules += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                names = {m.split(".")[1] for m in modules if m and m.startswith("experiments.")}
+            else:
+                continue
+            assert not names & entry_points, f"{path.relative_to(ROOT)} imports {names}"
