@@ -33,11 +33,6 @@ def test_ema_is_the_normalised_decay_weighted_average_of_all_updates():
     np.testing.assert_allclose(ema["w"], expected, rtol=1e-5, atol=1e-5)
 
 
-def test_eval_params_prefer_the_average_when_kept():
-    assert optimization.eval_params({"params": 1}) == 1
-    assert optimization.eval_params({"params": 1, "ema": 2}) == 2
-
-
 def test_adversarial_delta_has_norm_eps_per_example_along_the_gradient():
     g = jax.random.normal(jax.random.PRNGKey(1), (3, 5, 4))
     g = g.at[1].multiply(100.0)  # the scale of an example's gradient must not matter
