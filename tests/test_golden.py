@@ -58,14 +58,27 @@ def _batch() -> dict:
     }
 
 
+TX = optimization.make_optimizer(OPTIM, total_steps=100)
+STATE = optimization.init_state(jax.random.PRNGKey(0), CFG, TX)
+
+
+@functools.cache
+def _step(adversarial_eps: float):
+    options = {**optimization.loss_options(OPTIM), "adversarial_eps": adversarial_eps}
+    return jax.jit(functools.partial(optimization.train_step, cfg=CFG, tx=TX, **options))
+
+
 def test_one_train_step_gives_the_recorded_loss_and_gradient_norm():
-    o = OPTIM
-    tx = optimization.make_optimizer(o, total_steps=100)
-    state = optimization.init_state(jax.random.PRNGKey(0), CFG, tx)
-    step = functools.partial(
-        optimization.train_step, cfg=CFG, tx=tx, **optimization.loss_options(o)
-    )
-    new, m = jax.jit(step)(state, _batch())
+    new, m = _step(OPTIM.adversarial_eps)(STATE, _batch())
     assert float(m["loss"]) == pytest.approx(LOSS, rel=1e-6, abs=1e-6)
     assert float(m["grad_norm"]) == pytest.approx(GRAD_NORM, rel=1e-6, abs=1e-6)
     assert float(optax.tree.norm(new["params"])) == pytest.approx(PARAM_NORM, rel=1e-6, abs=1e-6)
+
+
+def test_adversarial_loss_changes_the_update_not_the_reported_loss():
+    plain, m_plain = _step(0.0)(STATE, _batch())
+    adv, m_adv = _step(OPTIM.adversarial_eps)(STATE, _batch())
+    assert float(m_adv["loss"]) == pytest.approx(float(m_plain["loss"]), rel=1e-6)
+    assert float(m_adv["grad_norm"]) > float(m_plain["grad_norm"])  # the two gradients add
+    diff = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), plain["params"], adv["params"])
+    assert max(jax.tree.leaves(diff)) > 1e-4
