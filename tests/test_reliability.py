@@ -108,7 +108,7 @@ def _tmp_dirs(workdir: str, which: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_sigkill_anywhere_then_restart_is_bitwise_identical(trained, tfds_dir, tmp_path):
+def test_sigkill_anywhere_then_restart_is_bitwise_identical(request, tfds_dir, tmp_path):
     """Killed while saving a best and a last checkpoint, and between checkpoints; 4 restarts."""
     workdir = str(tmp_path / "run")
     argv = [*tiny_flags(tfds_dir), f"--workdir={workdir}"]
@@ -134,6 +134,7 @@ def test_sigkill_anywhere_then_restart_is_bitwise_identical(trained, tfds_dir, t
     assert "resuming from step 3 of 6" in proc.stderr and "test accuracy" in proc.stdout
 
     assert not _tmp_dirs(workdir, "checkpoints") and not _tmp_dirs(workdir, "best")
+    trained = request.getfixturevalue("trained")  # only now: another worker may be building it
     assert metric_rows(workdir) == metric_rows(trained)
     for step in (3, 6):
         assert_trees_equal(saved_state(workdir, step), saved_state(trained, step))

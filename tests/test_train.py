@@ -131,7 +131,7 @@ _MULTI_DEVICE = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_eight_devices_give_the_same_per_step_loss(trained, tfds_dir, tmp_path):
+def test_eight_devices_give_the_same_per_step_loss(request, tfds_dir, tmp_path):
     env = {
         **os.environ,
         "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
@@ -147,7 +147,7 @@ def test_eight_devices_give_the_same_per_step_loss(trained, tfds_dir, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows8 = json.loads(proc.stdout.strip().splitlines()[-1])
-    rows1 = metric_rows(trained)
+    rows1 = metric_rows(request.getfixturevalue("trained"))  # only now: it may be being built
     assert [(r["step"], r["split"]) for r in rows8] == [(r["step"], r["split"]) for r in rows1]
     for r8, r1 in zip(rows8, rows1, strict=True):
         assert r8["loss"] == pytest.approx(r1["loss"], abs=1e-5), (r8, r1)
