@@ -321,3 +321,36 @@ def apply(
         "penalty": penalty,
     }
     return logits_BxC, aux
+
+
+def attention_steps(
+    params: dict, tokens_L: jax.Array, cfg: ModelConfig, *, layer: int = 0
+) -> multihead.Steps:
+    """Step-by-step values of layer `layer`'s self-attention on one sequence of ids [L], as in
+    evaluation (no dropout), with the matrix form of cfg.score (`multihead.steps`).
+
+    The blocks are pre-LayerNorm, so X is the layer's input after its first LayerNorm: the
+    matrix that Wq, Wk and Wv multiply.
+    """
+    if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
+        raise TypeError(f"layer must be an int; got {layer!r}")
+    if not 0 <= layer < cfg.num_layers:
+        raise ValueError(f"layer must be in [0, {cfg.num_layers}); got {layer}")
+    tokens_L = jnp.asarray(tokens_L)
+    if tokens_L.ndim != 1:
+        raise ValueError(f"tokens must be one sequence of ids [L]; got shape {tokens_L.shape}")
+    tokens_1xL = _check_inputs(params, tokens_L[None], cfg, False, None)
+    mask_L = tokens_1xL[0] != PAD
+    x_LxD = embed(params, tokens_1xL, cfg)[0].astype(DTYPES[cfg.dtype])
+    for i in range(layer):
+        x_LxD, _ = encoder.apply(
+            params[f"layer_{i}"], x_LxD, mask_L, num_heads=cfg.num_heads, attend=attend(cfg)
+        )
+    p = params[f"layer_{layer}"]
+    return multihead.steps(
+        p["mha"],
+        layers.layer_norm(p["ln1"], x_LxD),
+        mask_L,
+        num_heads=cfg.num_heads,
+        score=cfg.score,
+    )

@@ -12,7 +12,7 @@ refuses score params its score does not take, and asks for those it needs.
 """
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -112,3 +112,53 @@ def apply(
         q_HxLxK, k_HxLxK, v_HxLxK, score_params
     )
     return _merge(params, out_HxLxK, x_LxD.dtype), w_HxLxL
+
+
+class Steps(NamedTuple):
+    """The values of one self-attention layer on one sequence, step by step (matrix form)."""
+
+    x_LxD: jax.Array  # the layer's input X
+    q_HxLxK: jax.Array  # Q = X Wq, per head
+    k_HxLxK: jax.Array  # K = X Wk
+    v_HxLxK: jax.Array  # V = X Wv
+    raw_HxLxL: jax.Array  # Q Kᵀ for (scaled_)dot; the score function's matrix for the others
+    scaled_HxLxL: jax.Array  # what the softmax sees: raw / sqrt(Dh) for scaled_dot, else raw
+    weights_HxLxL: jax.Array  # softmax over allowed keys; masked keys exactly 0
+    out_HxLxK: jax.Array  # weights V: one output row per query, per head
+    y_LxD: jax.Array  # heads concatenated through the output projection: what `apply` returns
+
+
+def steps(
+    params: dict,
+    x_LxD: jax.Array,
+    mask: masks.Mask | None = None,
+    *,
+    num_heads: int,
+    score: str | scores.Score = "scaled_dot",
+) -> Steps:
+    """Every intermediate value of `apply` with the matrix form of `score`, for drawing.
+
+    Q, K, V, the weights, the outputs and y are computed by the same functions `apply` and
+    `attn.attention` use, so they equal theirs; raw scores are the only extra computation.
+    """
+    sc = scores.get_score(score)
+    q_HxLxK, k_HxLxK, v_HxLxK, score_params = _project(params, x_LxD, num_heads)
+    length = x_LxD.shape[0]
+    pos_L = jnp.arange(length, dtype=jnp.int32)
+    # scaled_dot is the dot product divided by sqrt(Dh): its raw form is `dot`.
+    raw = scores.get_score("dot") if sc.fn is scores.scaled_dot else sc
+
+    def one_head(q_LxK, k_LxK, v_LxK, sp):
+        raw_LxL = scores.evaluate(raw, sp, q_LxK, k_LxK, pos_L, pos_L)
+        scaled_LxL = scores.evaluate(sc, sp, q_LxK, k_LxK, pos_L, pos_L)
+        out_LxK, w_LxL = attention(q_LxK, k_LxK, v_LxK, mask, score=sc, score_params=sp)
+        return raw_LxL, scaled_LxL, w_LxL, out_LxK
+
+    sp_axis = None if score_params is None else 0
+    raw_HxLxL, scaled_HxLxL, w_HxLxL, out_HxLxK = jax.vmap(one_head, in_axes=(0, 0, 0, sp_axis))(
+        q_HxLxK, k_HxLxK, v_HxLxK, score_params
+    )
+    y_LxD = _merge(params, out_HxLxK, x_LxD.dtype)
+    return Steps(
+        x_LxD, q_HxLxK, k_HxLxK, v_HxLxK, raw_HxLxL, scaled_HxLxL, w_HxLxL, out_HxLxK, y_LxD
+    )

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from attn import classifier, encoder
+from attn import classifier, encoder, layers
 from attn.attention import attention
 from attn.classifier import ModelConfig
 
@@ -323,3 +323,24 @@ def test_attend_is_attention_with_the_config_fields():
     attend = classifier.attend(cfg)
     assert attend.func is attention
     assert attend.keywords == dict(score="additive", implementation="chunked", q_chunk=3, k_chunk=5)
+
+
+@pytest.mark.parametrize("score", ["scaled_dot", "mlp"])
+def test_attention_steps_are_the_model_own_values(score):
+    cfg = _cfg(num_layers=2, score=score, ngram_buckets=7)
+    params = classifier.init(jax.random.key(10), cfg)
+    _, aux = classifier.apply(params, TOKENS, cfg)
+    for b in (0, 2):
+        for layer in (0, 1):
+            st = classifier.attention_steps(params, TOKENS[b], cfg, layer=layer)
+            np.testing.assert_allclose(st.weights_HxLxL, aux["attention"][layer][b], atol=1e-6)
+    # layer 1's X is LayerNorm1 of layer 0's output, which encode computes
+    x_BxLxD = classifier.embed(params, TOKENS, cfg)
+    y0, _ = encoder.apply(params["layer_0"], x_BxLxD[0], TOKENS[0] != 0, num_heads=cfg.num_heads,
+                          attend=classifier.attend(cfg))  # fmt: skip
+    st = classifier.attention_steps(params, TOKENS[0], cfg, layer=1)
+    np.testing.assert_allclose(st.x_LxD, layers.layer_norm(params["layer_1"]["ln1"], y0), atol=1e-6)
+    with pytest.raises(ValueError, match=r"layer must be in \[0, 2\); got 2"):
+        classifier.attention_steps(params, TOKENS[0], cfg, layer=2)
+    with pytest.raises(ValueError, match="one sequence of ids"):
+        classifier.attention_steps(params, TOKENS, cfg)

@@ -1,4 +1,4 @@
-"""Multi-head self-attention vs Flax and vs a per-head numpy loop."""
+"""Multi-head self-attention vs Flax and vs a per-head numpy loop; its step-by-step values."""
 
 import functools
 
@@ -144,3 +144,47 @@ def test_params_that_do_not_fit_raise_naming_the_entry():
     plain = multihead.init(jax.random.key(0), D, H)
     with pytest.raises(ValueError, match="'additive' has parameters"):
         multihead.apply(plain, x_LxD, mask_L, num_heads=H, attend=attend)
+
+
+@pytest.mark.parametrize("score", ["scaled_dot", "dot", "general", "additive", "mlp"])
+def test_steps_recombine_to_their_weights_and_equal_apply(score):
+    params = multihead.init(jax.random.key(10), D, H, score=score)
+    x_LxD, mask_L = _x_and_mask(11)
+    st = jax.jit(functools.partial(multihead.steps, num_heads=H, score=score))(
+        params, x_LxD, mask_L
+    )
+    dh = D // H
+    np.testing.assert_array_equal(st.x_LxD, x_LxD)
+    for name, t in (("q", st.q_HxLxK), ("k", st.k_HxLxK), ("v", st.v_HxLxK)):
+        proj = x_LxD @ params[name]["w"] + params[name]["b"]
+        np.testing.assert_allclose(t, proj.reshape(L, H, dh).swapaxes(0, 1), atol=1e-5)
+    q, k, v = (np.asarray(t, np.float64) for t in (st.q_HxLxK, st.k_HxLxK, st.v_HxLxK))
+    if score in ("scaled_dot", "dot"):
+        np.testing.assert_allclose(st.raw_HxLxL, q @ k.swapaxes(1, 2), atol=1e-5)
+        scale = 1 / np.sqrt(dh) if score == "scaled_dot" else 1.0
+        np.testing.assert_allclose(st.scaled_HxLxL, scale * q @ k.swapaxes(1, 2), atol=1e-5)
+    else:  # no scaling: raw is the score function's matrix
+        np.testing.assert_array_equal(st.raw_HxLxL, st.scaled_HxLxL)
+    # softmax of the scaled scores over real keys gives the weights; weights V the outputs
+    s = np.where(np.asarray(mask_L), np.asarray(st.scaled_HxLxL, np.float64), -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    np.testing.assert_allclose(st.weights_HxLxL, w, atol=1e-6)
+    assert np.all(np.asarray(st.weights_HxLxL)[:, :, ~np.asarray(mask_L)] == 0.0)
+    np.testing.assert_allclose(st.out_HxLxK, w @ v, atol=1e-5)
+    # ... and equal what attention and apply compute
+    sp = params.get("score")
+    for h in range(H):
+        sp_h = None if sp is None else jax.tree.map(lambda a, h=h: a[h], sp)
+        out, w_h = attention(
+            st.q_HxLxK[h], st.k_HxLxK[h], st.v_HxLxK[h], mask_L, score=score, score_params=sp_h
+        )
+        np.testing.assert_allclose(st.out_HxLxK[h], out, atol=1e-6)
+        np.testing.assert_allclose(st.weights_HxLxL[h], w_h, atol=1e-6)
+    attend = functools.partial(attention, score=score)
+    y, w_apply = multihead.apply(params, x_LxD, mask_L, num_heads=H, attend=attend)
+    np.testing.assert_allclose(st.y_LxD, y, atol=1e-6)
+    np.testing.assert_allclose(st.weights_HxLxL, w_apply, atol=1e-6)
+    y_ref, w_ref = _per_head_reference(params, x_LxD, np.asarray(mask_L), score)
+    np.testing.assert_allclose(st.y_LxD, y_ref, atol=1e-5)
+    np.testing.assert_allclose(st.weights_HxLxL, w_ref, atol=1e-5)
