@@ -10,11 +10,12 @@ than stored, and so is each query chunk as a whole: otherwise the scan would kee
 max for every (query, key chunk) pair, 4 bytes * Lq * Lk / k_chunk, which grows as L^2. The
 backward pass therefore runs a query chunk's forward scan once more.
 
-Lengths that are not multiples of the chunk sizes are padded by repeating the last real row and
-its position, so the score and mask functions only ever see real (q_i, k_j, i, j): zero rows
-would make a score such as cosine similarity 0/0, and its gradient NaN. Padded keys are masked
-out and padded queries sliced off. Scans (not Python loops) keep compile time independent of the
-number of chunks.
+Lengths need not be multiples of the chunk sizes: the last chunk is shifted back to end at the
+last row, overlapping the chunk before it; keys seen twice are masked the second time and the
+repeated query rows dropped. So the score and mask functions only ever see real (q_i, k_j, i,
+j), whereas padding with zero rows would make a score such as cosine similarity 0/0 and its
+gradient NaN, and padded copies of q, k, v and their gradients would cost memory. Scans (not
+Python loops) keep compile time independent of the number of chunks.
 
 Inputs are assumed validated; the public entry point is
 ``attn.attention.attention(..., implementation="chunked")``.
@@ -47,9 +48,10 @@ def attention(
     Same values as the matrix form, including output 0 for a query that may attend nowhere.
     """
     sc = scores.get_score(score)
-    (lq, d), (lk, e) = q_LxD.shape, v_MxE.shape
-    # A chunk longer than the sequence would only add padding.
-    cq, ck = max(1, min(q_chunk, lq)), max(1, min(k_chunk, lk))
+    lq, lk, e = q_LxD.shape[0], k_MxD.shape[0], v_MxE.shape[1]
+    if lq == 0 or lk == 0:  # no queries, or nothing to attend to: the output rows are 0
+        return jnp.zeros((lq, e), v_MxE.dtype)
+    cq, ck = min(q_chunk, lq), min(k_chunk, lk)
     nq, nk = -(-lq // cq), -(-lk // ck)
     q_1xD, k_1xD = q_LxD[:1], k_MxD[:1]
     f = jax.eval_shape(
@@ -60,21 +62,23 @@ def attention(
         k_1xD,
     ).dtype
     mask_fn = None if mask is None else masks.as_fn(mask)
+    # Chunk i starts at min(i * c, L - c): the last chunk overlaps the one before it instead of
+    # running past the end, so every row a chunk holds is real.
+    q_starts_N = jnp.minimum(jnp.arange(nq, dtype=jnp.int32) * cq, lq - cq)
+    k_starts_K = jnp.minimum(jnp.arange(nk, dtype=jnp.int32) * ck, lk - ck)
+    k_firsts_K = jnp.arange(nk, dtype=jnp.int32) * ck  # keys before this were seen already
 
-    q_NxCxD = _pad_edge(q_LxD, nq * cq).reshape(nq, cq, d)
-    k_KxCxD = _pad_edge(k_MxD, nk * ck).reshape(nk, ck, d)
-    v_KxCxE = _pad_edge(v_MxE, nk * ck).reshape(nk, ck, e)
-    qpos_NxC = jnp.minimum(jnp.arange(nq * cq, dtype=jnp.int32), lq - 1).reshape(nq, cq)
-    kpos_KxC = jnp.minimum(jnp.arange(nk * ck, dtype=jnp.int32), lk - 1).reshape(nk, ck)
-    real_KxC = (jnp.arange(nk * ck) < lk).reshape(nk, ck)
-
-    def one_query_chunk(xs):
-        q_CxD, qpos_C = xs
+    def one_query_chunk(q_start):
+        q_CxD = lax.dynamic_slice_in_dim(q_LxD, q_start, cq)
+        qpos_C = q_start + jnp.arange(cq, dtype=jnp.int32)
 
         def step(carry, xs):
             m_C, l_C, acc_CxE = carry
-            k_CxD, v_CxE, kpos_C, real_C = xs
-            allowed_CxC = jnp.broadcast_to(real_C[None, :], (cq, ck))
+            k_start, k_first = xs
+            k_CxD = lax.dynamic_slice_in_dim(k_MxD, k_start, ck)
+            v_CxE = lax.dynamic_slice_in_dim(v_MxE, k_start, ck)
+            kpos_C = k_start + jnp.arange(ck, dtype=jnp.int32)
+            allowed_CxC = jnp.broadcast_to((kpos_C >= k_first)[None, :], (cq, ck))
             if mask_fn is not None:
                 allowed_CxC = allowed_CxC & masks.evaluate(mask_fn, qpos_C, kpos_C)
             s_CxC = scores.evaluate(sc, score_params, q_CxD, k_CxD, qpos_C, kpos_C).astype(f)
@@ -91,17 +95,13 @@ def attention(
         init = (jnp.full((cq,), masks.MASKED, f), jnp.zeros((cq,), f), jnp.zeros((cq, e), f))
         # prevent_cse=False is safe (and faster) inside scan, per the jax.checkpoint docs.
         (_, l_C, acc_CxE), _ = lax.scan(
-            jax.checkpoint(step, prevent_cse=False),
-            init,
-            (k_KxCxD, v_KxCxE, kpos_KxC, real_KxC),
+            jax.checkpoint(step, prevent_cse=False), init, (k_starts_K, k_firsts_K)
         )
         # l == 0 only when every key is masked; acc is 0 there too, so the row comes out 0.
         return acc_CxE / jnp.where(l_C > 0, l_C, 1)[:, None]
 
-    out_NxCxE = lax.map(jax.checkpoint(one_query_chunk, prevent_cse=False), (q_NxCxD, qpos_NxC))
-    return out_NxCxE.reshape(nq * cq, e)[:lq].astype(v_MxE.dtype)
-
-
-def _pad_edge(x_LxD: jax.Array, n: int) -> jax.Array:
-    """Pad the first axis to length n by repeating the last row."""
-    return jnp.pad(x_LxD, ((0, n - x_LxD.shape[0]), (0, 0)), mode="edge")
+    out_NxCxE = lax.map(jax.checkpoint(one_query_chunk, prevent_cse=False), q_starts_N)
+    # The last chunk's first rows repeat rows of the chunk before it.
+    tail = lq - (nq - 1) * cq
+    out_LxE = jnp.concatenate([out_NxCxE[:-1].reshape(-1, e), out_NxCxE[-1, cq - tail :]])
+    return out_LxE.astype(v_MxE.dtype)

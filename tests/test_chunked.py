@@ -85,7 +85,7 @@ def test_cosine_score_has_finite_gradients_equal_to_the_matrix_form():
 
 
 def test_score_never_sees_positions_past_the_end():
-    # Finite on every real (q_i, k_j, i, j) and NaN beyond: padding must repeat real rows.
+    # Finite on every real (q_i, k_j, i, j) and NaN beyond: chunks must hold real rows only.
     def beyond_is_nan(p, q, k, *, q_pos, k_pos):
         return q @ k.T + jnp.log(LQ - q_pos)[:, None] + jnp.log(LK - k_pos)[None, :]
 
