@@ -115,8 +115,12 @@ class ModelConfig:
         return self.d_model * (self.pool_hops if self.pooling == "structured" else 1)
 
 
+@functools.lru_cache(maxsize=64)
 def attend(cfg: ModelConfig) -> multihead.Attend:
-    """The attention every layer runs: `attn.attention` with cfg's score and implementation."""
+    """The attention every layer runs: `attn.attention` with cfg's score and implementation.
+
+    Cached, so equal configs give the same object (a stable `jit` static argument).
+    """
     return functools.partial(
         attention,
         score=cfg.score,

@@ -323,6 +323,7 @@ def test_attend_is_attention_with_the_config_fields():
     attend = classifier.attend(cfg)
     assert attend.func is attention
     assert attend.keywords == dict(score="additive", implementation="chunked", q_chunk=3, k_chunk=5)
+    assert classifier.attend(dataclasses.replace(cfg)) is attend
 
 
 @pytest.mark.parametrize("score", ["scaled_dot", "mlp"])

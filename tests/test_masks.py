@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.test_util import check_grads
 
 from attn import masks, reference, scores
 from attn.attention import attention
@@ -85,7 +86,7 @@ def test_mask_array_and_function_forms_agree_in_value_and_gradient():
         loss = lambda q, k, v: jnp.sum(
             jnp.sin(attention(q, k, v, mask, implementation=implementation, **CHUNKS)[0])
         )
-        return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
 
     expected = grads(array, "matrix")
     for mask, implementation in ((fn, "matrix"), (fn, "chunked"), (array, "chunked")):
@@ -120,6 +121,16 @@ def test_alibi_and_causal_at_300_with_chunks_of_128():
         score=lambda q, k, i, j: alibi_pair(q, k, rows[i], j),
     )  # fmt: skip
     np.testing.assert_allclose(out_c[jnp.array(rows)], out_ref, atol=1e-5)
+
+
+def test_check_grads_position_aware_score_and_mask_function():
+    # Chunked only: the matrix form's gradients are checked equal to chunked's above.
+    with jax.enable_x64(True):
+        q, k, v = (x.astype(jnp.float64) for x in _inputs(6))
+        f = lambda q, k, v: attention(
+            q, k, v, MASKS["window"][0], score=alibi, implementation="chunked", **CHUNKS
+        )[0]
+        check_grads(jax.jit(f), (q, k, v), order=1, modes=("fwd", "rev"))
 
 
 def test_segment_mask_works_under_vmap_with_per_example_ids():
