@@ -47,7 +47,8 @@ def attention(
         (plus ``*, q_pos, k_pos`` if it needs positions).
       score_params: params for parameterized scores (from ``get_score(score).init``).
       implementation: "matrix" | "chunked" | "xla".
-      q_chunk, k_chunk: chunk sizes for "chunked" (any length works; the tail is padded).
+      q_chunk, k_chunk: chunk sizes for "chunked" (any length works: the last chunk overlaps
+        the one before it).
 
     Returns:
       out [Lq, dv] in v.dtype, and weights [Lq, Lk] (float32, or float64 for float64 inputs)

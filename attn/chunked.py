@@ -53,13 +53,9 @@ def attention(
         return jnp.zeros((lq, e), v_MxE.dtype)
     cq, ck = min(q_chunk, lq), min(k_chunk, lk)
     nq, nk = -(-lq // cq), -(-lk // ck)
-    q_1xD, k_1xD = q_LxD[:1], k_MxD[:1]
+    pos_1 = jnp.zeros((1,), jnp.int32)
     f = jax.eval_shape(
-        lambda q, k: scores.evaluate(
-            sc, score_params, q, k, jnp.arange(q.shape[0]), jnp.arange(k.shape[0])
-        ),
-        q_1xD,
-        k_1xD,
+        lambda q, k: scores.evaluate(sc, score_params, q, k, pos_1, pos_1), q_LxD[:1], k_MxD[:1]
     ).dtype
     mask_fn = None if mask is None else masks.as_fn(mask)
     # Chunk i starts at min(i * c, L - c): the last chunk overlaps the one before it instead of

@@ -86,19 +86,26 @@ def all_of(*masks: Mask) -> MaskFn:
     return functools.partial(_all, fns=tuple(as_fn(m) for m in masks))
 
 
+def _name(fn: MaskFn) -> str:
+    """A short name for messages (a partial's repr would print the arrays it holds)."""
+    return getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "mask")
+
+
 def evaluate(fn: MaskFn, q_pos_L: jax.Array, k_pos_M: jax.Array) -> jax.Array:
     """bool [L, M] from a mask function; TypeError/ValueError (at trace time) for a bad one."""
     allowed = fn(q_pos_L, k_pos_M)
     shape = (q_pos_L.shape[0], k_pos_M.shape[0])
     if getattr(allowed, "dtype", None) != jnp.bool_:
         raise TypeError(
-            f"a mask function must return bool (True = may attend); {fn!r} returned "
+            f"a mask function must return bool (True = may attend); {_name(fn)} returned "
             f"{getattr(allowed, 'dtype', type(allowed).__name__)}"
         )
-    if allowed.ndim != 2 or jnp.broadcast_shapes(allowed.shape, shape) != shape:
+    if allowed.ndim != 2 or any(
+        n not in (1, want) for n, want in zip(allowed.shape, shape, strict=True)
+    ):
         raise ValueError(
             f"a mask function must return [Lq, Lk] (or a shape that broadcasts to it) for "
-            f"positions [Lq], [Lk]; {fn!r} returned {allowed.shape} for {shape}"
+            f"positions [Lq], [Lk]; {_name(fn)} returned {allowed.shape} for {shape}"
         )
     return jnp.broadcast_to(allowed, shape)
 

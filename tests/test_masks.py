@@ -150,6 +150,8 @@ def test_bad_masks_and_positional_scores_raise_clearly():
         attention(q, k, v, lambda qp, kp: (kp[None, :] <= qp[:, None]).astype(jnp.int32))
     with pytest.raises(ValueError, match=r"mask function must return \[Lq, Lk\].*\(7,\)"):
         attention(q, k, v, lambda qp, kp: qp > 2, implementation="chunked")
+    with pytest.raises(ValueError, match=r"mask function must return \[Lq, Lk\].*\(3, 10\)"):
+        attention(q, k, v, lambda qp, kp: jnp.ones((3, 10), bool))
     with pytest.raises(ValueError, match="left must be an int >= 0"):
         masks.sliding_window(-1, 0)
     with pytest.raises(TypeError, match="both q_pos and k_pos"):
