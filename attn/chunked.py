@@ -62,7 +62,10 @@ def attention(
     # running past the end, so every row a chunk holds is real.
     q_starts_N = jnp.minimum(jnp.arange(nq, dtype=jnp.int32) * cq, lq - cq)
     k_starts_K = jnp.minimum(jnp.arange(nk, dtype=jnp.int32) * ck, lk - ck)
-    k_firsts_K = jnp.arange(nk, dtype=jnp.int32) * ck  # keys before this were seen already
+    kpos_KxC = k_starts_K[:, None] + jnp.arange(ck, dtype=jnp.int32)[None, :]
+    # Keys before i * c were seen by the chunk before. A [K, C] table read per step, rather than
+    # a comparison fused into every [C, C] loop, keeps the forward as fast as before.
+    new_KxC = kpos_KxC >= (jnp.arange(nk, dtype=jnp.int32) * ck)[:, None]
 
     def one_query_chunk(q_start):
         q_CxD = lax.dynamic_slice_in_dim(q_LxD, q_start, cq)
@@ -70,11 +73,10 @@ def attention(
 
         def step(carry, xs):
             m_C, l_C, acc_CxE = carry
-            k_start, k_first = xs
+            k_start, kpos_C, new_C = xs
             k_CxD = lax.dynamic_slice_in_dim(k_MxD, k_start, ck)
             v_CxE = lax.dynamic_slice_in_dim(v_MxE, k_start, ck)
-            kpos_C = k_start + jnp.arange(ck, dtype=jnp.int32)
-            allowed_CxC = jnp.broadcast_to((kpos_C >= k_first)[None, :], (cq, ck))
+            allowed_CxC = jnp.broadcast_to(new_C[None, :], (cq, ck))
             if mask_fn is not None:
                 allowed_CxC = allowed_CxC & masks.evaluate(mask_fn, qpos_C, kpos_C)
             s_CxC = scores.evaluate(sc, score_params, q_CxD, k_CxD, qpos_C, kpos_C).astype(f)
@@ -91,7 +93,7 @@ def attention(
         init = (jnp.full((cq,), masks.MASKED, f), jnp.zeros((cq,), f), jnp.zeros((cq, e), f))
         # prevent_cse=False is safe (and faster) inside scan, per the jax.checkpoint docs.
         (_, l_C, acc_CxE), _ = lax.scan(
-            jax.checkpoint(step, prevent_cse=False), init, (k_starts_K, k_firsts_K)
+            jax.checkpoint(step, prevent_cse=False), init, (k_starts_K, kpos_KxC, new_KxC)
         )
         # l == 0 only when every key is masked; acc is 0 there too, so the row comes out 0.
         return acc_CxE / jnp.where(l_C > 0, l_C, 1)[:, None]
