@@ -1,7 +1,7 @@
 """attn: self-attention for sentiment classification as pure, jit/vmap-able JAX functions.
 
 `attn.attention(q, k, v, mask)` is single-sequence attention; batch and heads come from vmap.
-Submodules: scores, chunked, reference, multihead, encoder, positions, pooling, layers,
+Submodules: scores, masks, chunked, reference, multihead, encoder, positions, pooling, layers,
 classifier, and flax_interop (import it explicitly; it pulls in Flax).
 """
 
@@ -10,6 +10,7 @@ from attn import (
     classifier,
     encoder,
     layers,
+    masks,
     multihead,
     pooling,
     positions,
@@ -25,6 +26,7 @@ __all__ = [
     "classifier",
     "encoder",
     "layers",
+    "masks",
     "multihead",
     "pooling",
     "positions",

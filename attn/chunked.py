@@ -2,10 +2,20 @@
 
 Queries are processed one chunk at a time (``lax.map``); for each, a ``lax.scan`` over key chunks
 carries a running max m, running sum l and running weighted sum of values acc, so the [Lq, Lk]
-score matrix never exists. Each scan step is ``jax.checkpoint``-ed: the backward pass recomputes a
-chunk's scores instead of storing them, so training also stays out of O(Lq Lk) memory. Lengths
-that are not multiples of the chunk sizes are padded with masked keys / extra queries that are
-sliced off. Scans (not Python loops) keep compile time independent of the number of chunks.
+score matrix never exists. Masks and position-aware scores are evaluated on each block's
+positions, so they cost no O(Lq Lk) memory either.
+
+Backward memory: each scan step is ``jax.checkpoint``-ed, so its scores are recomputed rather
+than stored, and so is each query chunk as a whole: otherwise the scan would keep its running
+max for every (query, key chunk) pair, 4 bytes * Lq * Lk / k_chunk, which grows as L^2. The
+backward pass therefore runs a query chunk's forward scan once more.
+
+Lengths need not be multiples of the chunk sizes: the last chunk is shifted back to end at the
+last row, overlapping the chunk before it; keys seen twice are masked the second time and the
+repeated query rows dropped. So the score and mask functions only ever see real (q_i, k_j, i,
+j), whereas padding with zero rows would make a score such as cosine similarity 0/0 and its
+gradient NaN, and padded copies of q, k, v and their gradients would cost memory. Scans (not
+Python loops) keep compile time independent of the number of chunks.
 
 Inputs are assumed validated; the public entry point is
 ``attn.attention.attention(..., implementation="chunked")``.
@@ -19,53 +29,58 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from attn import scores
+from attn import masks, scores
 
 
 def attention(
     q_LxD: jax.Array,
     k_MxD: jax.Array,
     v_MxE: jax.Array,
-    mask: jax.Array | None = None,
+    mask: masks.Mask | None = None,
     *,
     score: str | scores.ScoreFn | scores.Score = "scaled_dot",
     score_params: Any = None,
     q_chunk: int = 128,
     k_chunk: int = 128,
 ) -> jax.Array:
-    """out [Lq, dv] = softmax(score(q, k)) v, chunked; mask bool [Lk] or [Lq, Lk] (True = attend).
+    """out [Lq, dv] = softmax(score(q, k)) v, chunked; mask as in ``attn.masks`` (True = attend).
 
     Same values as the matrix form, including output 0 for a query that may attend nowhere.
     """
     sc = scores.get_score(score)
-    (lq, d), (lk, e) = q_LxD.shape, v_MxE.shape
-    # A chunk longer than the sequence would only add padding.
-    cq, ck = max(1, min(q_chunk, lq)), max(1, min(k_chunk, lk))
+    lq, lk, e = q_LxD.shape[0], k_MxD.shape[0], v_MxE.shape[1]
+    if lq == 0 or lk == 0:  # no queries, or nothing to attend to: the output rows are 0
+        return jnp.zeros((lq, e), v_MxE.dtype)
+    cq, ck = min(q_chunk, lq), min(k_chunk, lk)
     nq, nk = -(-lq // cq), -(-lk // ck)
-    f = jnp.result_type(jax.eval_shape(sc.fn, score_params, q_LxD[:1], k_MxD[:1]), jnp.float32)
+    pos_1 = jnp.zeros((1,), jnp.int32)
+    f = jax.eval_shape(
+        lambda q, k: scores.evaluate(sc, score_params, q, k, pos_1, pos_1), q_LxD[:1], k_MxD[:1]
+    ).dtype
+    mask_fn = None if mask is None else masks.as_fn(mask)
+    # Chunk i starts at min(i * c, L - c): the last chunk overlaps the one before it instead of
+    # running past the end, so every row a chunk holds is real.
+    q_starts_N = jnp.minimum(jnp.arange(nq, dtype=jnp.int32) * cq, lq - cq)
+    k_starts_K = jnp.minimum(jnp.arange(nk, dtype=jnp.int32) * ck, lk - ck)
+    kpos_KxC = k_starts_K[:, None] + jnp.arange(ck, dtype=jnp.int32)[None, :]
+    # Keys before i * c were seen by the chunk before. A [K, C] table read per step, rather than
+    # a comparison fused into every [C, C] loop, keeps the forward as fast as before.
+    new_KxC = kpos_KxC >= (jnp.arange(nk, dtype=jnp.int32) * ck)[:, None]
 
-    q_NxCxD = _pad_to(q_LxD, nq * cq, axis=0).reshape(nq, cq, d)
-    k_KxCxD = _pad_to(k_MxD, nk * ck, axis=0).reshape(nk, ck, d)
-    v_KxCxE = _pad_to(v_MxE, nk * ck, axis=0).reshape(nk, ck, e)
-    # Padded keys are masked out; padded queries attend to whatever and are sliced off.
-    keep_M = jnp.arange(nk * ck) < lk
-    if mask is not None and mask.ndim == 1:
-        keep_M = keep_M & _pad_to(mask, nk * ck, axis=0)
-    keep_KxC = keep_M.reshape(nk, ck)
-    rows_NxKxCxC = None
-    if mask is not None and mask.ndim == 2:
-        padded = _pad_to(_pad_to(mask, nq * cq, axis=0), nk * ck, axis=1)
-        rows_NxKxCxC = padded.reshape(nq, cq, nk, ck).transpose(0, 2, 1, 3)
-
-    def one_query_chunk(xs):
-        q_CxD, rows_KxCxC = xs
+    def one_query_chunk(q_start):
+        q_CxD = lax.dynamic_slice_in_dim(q_LxD, q_start, cq)
+        qpos_C = q_start + jnp.arange(cq, dtype=jnp.int32)
 
         def step(carry, xs):
             m_C, l_C, acc_CxE = carry
-            k_CxD, v_CxE, keep_C, rows_CxC = xs
-            allowed_CxC = keep_C[None, :] if rows_CxC is None else keep_C[None, :] & rows_CxC
-            s_CxC = sc.fn(score_params, q_CxD, k_CxD).astype(f)
-            s_CxC = jnp.where(allowed_CxC, s_CxC, scores.MASKED)
+            k_start, kpos_C, new_C = xs
+            k_CxD = lax.dynamic_slice_in_dim(k_MxD, k_start, ck)
+            v_CxE = lax.dynamic_slice_in_dim(v_MxE, k_start, ck)
+            allowed_CxC = jnp.broadcast_to(new_C[None, :], (cq, ck))
+            if mask_fn is not None:
+                allowed_CxC = allowed_CxC & masks.evaluate(mask_fn, qpos_C, kpos_C)
+            s_CxC = scores.evaluate(sc, score_params, q_CxD, k_CxD, qpos_C, kpos_C).astype(f)
+            s_CxC = jnp.where(allowed_CxC, s_CxC, masks.MASKED)
             # The max only guards exp against overflow; the result does not depend on it, so
             # holding it constant gives exact gradients without differentiating through max.
             m_new_C = lax.stop_gradient(jnp.maximum(m_C, s_CxC.max(axis=-1)))
@@ -75,22 +90,16 @@ def attention(
             acc_CxE = acc_CxE * corr_C[:, None] + p_CxC @ v_CxE.astype(f)
             return (m_new_C, l_C, acc_CxE), None
 
-        init = (jnp.full((cq,), scores.MASKED, f), jnp.zeros((cq,), f), jnp.zeros((cq, e), f))
+        init = (jnp.full((cq,), masks.MASKED, f), jnp.zeros((cq,), f), jnp.zeros((cq, e), f))
         # prevent_cse=False is safe (and faster) inside scan, per the jax.checkpoint docs.
         (_, l_C, acc_CxE), _ = lax.scan(
-            jax.checkpoint(step, prevent_cse=False),
-            init,
-            (k_KxCxD, v_KxCxE, keep_KxC, rows_KxCxC),
+            jax.checkpoint(step, prevent_cse=False), init, (k_starts_K, kpos_KxC, new_KxC)
         )
         # l == 0 only when every key is masked; acc is 0 there too, so the row comes out 0.
         return acc_CxE / jnp.where(l_C > 0, l_C, 1)[:, None]
 
-    out_NxCxE = lax.map(one_query_chunk, (q_NxCxD, rows_NxKxCxC))
-    return out_NxCxE.reshape(nq * cq, e)[:lq].astype(v_MxE.dtype)
-
-
-def _pad_to(x: jax.Array, n: int, *, axis: int) -> jax.Array:
-    """Zero/False-pad ``x`` along ``axis`` to length n."""
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, n - x.shape[axis])
-    return jnp.pad(x, widths)
+    out_NxCxE = lax.map(jax.checkpoint(one_query_chunk, prevent_cse=False), q_starts_N)
+    # The last chunk's first rows repeat rows of the chunk before it.
+    tail = lq - (nq - 1) * cq
+    out_LxE = jnp.concatenate([out_NxCxE[:-1].reshape(-1, e), out_NxCxE[-1, cq - tail :]])
+    return out_LxE.astype(v_MxE.dtype)

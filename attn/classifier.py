@@ -7,17 +7,18 @@ Params tree (plain dicts, float32):
 """
 
 import dataclasses
+import functools
 import numbers
 
 import jax
 import jax.numpy as jnp
 
-from attn import encoder, layers, pooling, positions, scores
+from attn import encoder, layers, multihead, pooling, positions, scores
+from attn.attention import IMPLEMENTATIONS, attention
 
-PAD = 0
+PAD, UNK = 0, 1
 POSITIONS = ("learned", "sinusoidal", "none")
 POOLINGS = ("cls", "mean", "max", "structured")
-IMPLEMENTATIONS = ("matrix", "chunked", "xla")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
@@ -114,6 +115,21 @@ class ModelConfig:
         return self.d_model * (self.pool_hops if self.pooling == "structured" else 1)
 
 
+@functools.lru_cache(maxsize=64)
+def attend(cfg: ModelConfig) -> multihead.Attend:
+    """The attention every layer runs: `attn.attention` with cfg's score and implementation.
+
+    Cached, so equal configs give the same object (a stable `jit` static argument).
+    """
+    return functools.partial(
+        attention,
+        score=cfg.score,
+        implementation=cfg.implementation,
+        q_chunk=cfg.q_chunk,
+        k_chunk=cfg.k_chunk,
+    )
+
+
 def init(key: jax.Array, cfg: ModelConfig) -> dict:
     """Random float32 params for `apply` (layout in the module docstring)."""
     k_tok, k_pos, k_layers, k_pool, k_head = jax.random.split(key, 5)
@@ -165,8 +181,13 @@ def ngram_buckets(tokens_BxL: jax.Array, orders: tuple[int, ...], buckets: int) 
 
 
 def embed(params: dict, tokens_BxL: jax.Array, cfg: ModelConfig) -> jax.Array:
-    """Token (+ hashed n-gram) (+ position) embeddings -> [B, L, D] float32; no n-grams on pads."""
+    """Token (+ hashed n-gram) (+ position) embeddings -> [B, L, D] float32; no n-grams on pads.
+
+    Ids outside [0, vocab_size) are read as UNK: values cannot be checked under jit, and an
+    unknown token is what such an id means (indexing would clamp or wrap it silently).
+    """
     length = tokens_BxL.shape[1]
+    tokens_BxL = jnp.where((tokens_BxL < 0) | (tokens_BxL >= cfg.vocab_size), UNK, tokens_BxL)
     x_BxLxD = params["embed"]["tokens"][tokens_BxL]
     if cfg.ngram_buckets:
         ids_NxBxL = ngram_buckets(tokens_BxL, cfg.ngram_orders, cfg.ngram_buckets)
@@ -182,8 +203,35 @@ def embed(params: dict, tokens_BxL: jax.Array, cfg: ModelConfig) -> jax.Array:
 _SIMPLE_POOLS = {"cls": pooling.cls_pool, "mean": pooling.mean_pool, "max": pooling.max_pool}
 
 
-def _check_inputs(tokens_BxL, train: bool, rng) -> jax.Array:
-    """The tokens as an array; ValueError for tokens not int [B, L], or train without rng."""
+@functools.lru_cache(maxsize=32)
+def _param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    tree = jax.eval_shape(functools.partial(init, cfg=cfg), jax.random.key(0))
+    return {jax.tree_util.keystr(p): x.shape for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _check_params(params: dict, cfg: ModelConfig) -> None:
+    """ValueError naming every leaf that `init(key, cfg)` would not have built (at trace time)."""
+    expected = _param_shapes(cfg)
+    got = {
+        jax.tree_util.keystr(p): jnp.shape(x)
+        for p, x in jax.tree_util.tree_leaves_with_path(params)
+    }
+    if got == expected:
+        return
+    problems = [f"missing {k}" for k in expected if k not in got]
+    problems += [f"unexpected {k}" for k in got if k not in expected]
+    problems += [
+        f"{k} has shape {got[k]}, cfg expects {v}"
+        for k, v in expected.items()
+        if k in got and got[k] != v
+    ]
+    raise ValueError(f"params do not match the ModelConfig: {'; '.join(problems)}")
+
+
+def _check_inputs(params: dict, tokens_BxL, cfg: ModelConfig, train: bool, rng) -> jax.Array:
+    """The tokens as an array; ValueError for tokens not int [B, L], params not built for cfg,
+    or train without rng."""
+    _check_params(params, cfg)
     tokens_BxL = jnp.asarray(tokens_BxL)
     if tokens_BxL.ndim != 2 or not jnp.issubdtype(tokens_BxL.dtype, jnp.integer):
         raise ValueError(
@@ -209,7 +257,7 @@ def encode(
 
     embed_delta_BxLxD, if given, is added to the input embeddings (adversarial training).
     """
-    tokens_BxL = _check_inputs(tokens_BxL, train, rng)
+    tokens_BxL = _check_inputs(params, tokens_BxL, cfg, train, rng)
     batch = tokens_BxL.shape[0]
     mask_BxL = tokens_BxL != PAD
     r_embed, r_layers = jax.random.split(rng) if train else (None, None)
@@ -218,30 +266,18 @@ def encode(
         x_BxLxD = x_BxLxD + embed_delta_BxLxD
     x_BxLxD = x_BxLxD.astype(DTYPES[cfg.dtype])
     x_BxLxD = layers.dropout(x_BxLxD, cfg.embed_dropout, train=train, rng=r_embed)
-
-    def block(p, x_LxD, mask_L, r):
-        return encoder.apply(
-            p,
-            x_LxD,
-            mask_L,
-            num_heads=cfg.num_heads,
-            score=cfg.score,
-            implementation=cfg.implementation,
-            q_chunk=cfg.q_chunk,
-            k_chunk=cfg.k_chunk,
-            dropout=cfg.dropout,
-            train=train,
-            rng=r,
-        )
+    block = functools.partial(
+        encoder.apply, num_heads=cfg.num_heads, attend=attend(cfg), dropout=cfg.dropout, train=train
+    )
 
     weights = []
     layer_rngs = jax.random.split(r_layers, cfg.num_layers) if train else [None] * cfg.num_layers
     for i in range(cfg.num_layers):
         # One dropout key per example so examples get independent masks under vmap.
         r_B = jax.random.split(layer_rngs[i], batch) if train else None
-        x_BxLxD, w_BxHxLxL = jax.vmap(block, in_axes=(None, 0, 0, 0 if train else None))(
-            params[f"layer_{i}"], x_BxLxD, mask_BxL, r_B
-        )
+        x_BxLxD, w_BxHxLxL = jax.vmap(
+            lambda p, x, m, r: block(p, x, m, rng=r), in_axes=(None, 0, 0, 0 if train else None)
+        )(params[f"layer_{i}"], x_BxLxD, mask_BxL, r_B)
         weights.append(w_BxHxLxL)
     return layers.layer_norm(params["final_ln"], x_BxLxD), weights
 
@@ -263,7 +299,7 @@ def apply(
     does not materialise weights ("chunked", "xla"); "pool_weights": [B, r, L] or None;
     "penalty": float32 scalar ‖AAᵀ − I‖²_F averaged over non-empty sequences (0 unless structured)}.
     """
-    tokens_BxL = _check_inputs(tokens_BxL, train, rng)
+    tokens_BxL = _check_inputs(params, tokens_BxL, cfg, train, rng)
     batch = tokens_BxL.shape[0]
     mask_BxL = tokens_BxL != PAD
     r_encode, r_pool = jax.random.split(rng) if train else (None, None)
@@ -289,3 +325,36 @@ def apply(
         "penalty": penalty,
     }
     return logits_BxC, aux
+
+
+def attention_steps(
+    params: dict, tokens_L: jax.Array, cfg: ModelConfig, *, layer: int = 0
+) -> multihead.Steps:
+    """Step-by-step values of layer `layer`'s self-attention on one sequence of ids [L], as in
+    evaluation (no dropout), with the matrix form of cfg.score (`multihead.steps`).
+
+    The blocks are pre-LayerNorm, so X is the layer's input after its first LayerNorm: the
+    matrix that Wq, Wk and Wv multiply.
+    """
+    if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
+        raise TypeError(f"layer must be an int; got {layer!r}")
+    if not 0 <= layer < cfg.num_layers:
+        raise ValueError(f"layer must be in [0, {cfg.num_layers}); got {layer}")
+    tokens_L = jnp.asarray(tokens_L)
+    if tokens_L.ndim != 1:
+        raise ValueError(f"tokens must be one sequence of ids [L]; got shape {tokens_L.shape}")
+    tokens_1xL = _check_inputs(params, tokens_L[None], cfg, False, None)
+    mask_L = tokens_1xL[0] != PAD
+    x_LxD = embed(params, tokens_1xL, cfg)[0].astype(DTYPES[cfg.dtype])
+    for i in range(layer):
+        x_LxD, _ = encoder.apply(
+            params[f"layer_{i}"], x_LxD, mask_L, num_heads=cfg.num_heads, attend=attend(cfg)
+        )
+    p = params[f"layer_{layer}"]
+    return multihead.steps(
+        p["mha"],
+        layers.layer_norm(p["ln1"], x_LxD),
+        mask_L,
+        num_heads=cfg.num_heads,
+        score=cfg.score,
+    )

@@ -9,7 +9,8 @@ Params: {"ln1", "ln2": layer norm, "mha": multihead params, "ff1": dense D->F, "
 import jax
 import jax.numpy as jnp
 
-from attn import layers, multihead, scores
+from attn import layers, masks, multihead, scores
+from attn.attention import attention
 
 
 def init(
@@ -34,20 +35,18 @@ def init(
 def apply(
     params: dict,
     x_LxD: jax.Array,
-    mask_L: jax.Array,
+    mask: masks.Mask | None,
     *,
     num_heads: int,
-    score: str | scores.Score = "scaled_dot",
-    implementation: str = "matrix",
-    q_chunk: int = 128,
-    k_chunk: int = 128,
+    attend: multihead.Attend = attention,
     dropout: float = 0.0,
     train: bool = False,
     rng: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
-    """x [L, D], mask [L] -> (y [L, D] in x's dtype, attention weights [H, L, L] or None).
+    """x [L, D] -> (y [L, D] in x's dtype, attention weights [H, L, L] or None).
 
-    train=True with dropout > 0 needs rng (ValueError otherwise).
+    mask and attend are those of `multihead.apply`. train=True with dropout > 0 needs rng
+    (ValueError otherwise).
     """
     if train and dropout > 0.0 and rng is None:
         raise ValueError("encoder.apply: train=True with dropout > 0 needs an rng key, got None")
@@ -56,12 +55,9 @@ def apply(
     a_LxD, w_HxLxL = multihead.apply(
         params["mha"],
         layers.layer_norm(params["ln1"], x_LxD),
-        mask_L,
+        mask,
         num_heads=num_heads,
-        score=score,
-        implementation=implementation,
-        q_chunk=q_chunk,
-        k_chunk=k_chunk,
+        attend=attend,
     )
     x_LxD = x_LxD + layers.dropout(a_LxD, dropout, train=train, rng=r_att)
 

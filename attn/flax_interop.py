@@ -3,7 +3,12 @@
 Both modules hold exactly the `multihead.init` param tree (linen: variables["params"]; nnx: the
 `mha` attribute, one nnx.Param per leaf) and call `multihead.apply`, so params move freely between
 the pure functions and either module. Inputs may carry any leading batch axes: x [..., L, D] with
-mask [..., L] (True = real token); d_model is read from x.
+mask [..., L] (True = real token), [..., L, L], or one function of positions for every sequence
+(`attn.masks`); d_model is read from x.
+
+`score` decides the params (`multihead.init`); `attend` runs the attention, by default
+`attn.attention` with that score. Pass e.g. ``functools.partial(attn.attention, score=score,
+implementation="chunked")`` for another implementation: its score must be `score`.
 """
 
 import functools
@@ -13,21 +18,35 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from attn import multihead, scores
+from attn import masks, multihead, scores
+from attn.attention import attention
 
 
-def _apply_batched(params, x_xLxD, mask_xL, **kw) -> tuple[jax.Array, jax.Array | None]:
+def _attend(score: str | scores.Score, attend: multihead.Attend | None) -> multihead.Attend:
+    return functools.partial(attention, score=score) if attend is None else attend
+
+
+def _apply_batched(
+    params, x_xLxD, mask: masks.Mask | None, **kw
+) -> tuple[jax.Array, jax.Array | None]:
     """multihead.apply vmapped over every leading axis of x."""
-    if mask_xL is None:
-        mask_xL = jnp.ones(x_xLxD.shape[:-1], bool)
-    if mask_xL.shape != x_xLxD.shape[:-1]:
-        raise ValueError(
-            f"mask shape {mask_xL.shape} must equal x.shape[:-1] = {x_xLxD.shape[:-1]}"
-        )
+    batch_axes = x_xLxD.ndim - 2
+    mask_axis = None
+    if mask is None:
+        mask = jnp.ones(x_xLxD.shape[:-1], bool)
+    if not callable(mask):
+        mask = jnp.asarray(mask)
+        keys, pairs = x_xLxD.shape[:-1], (*x_xLxD.shape[:-1], x_xLxD.shape[-2])
+        if mask.shape not in (keys, pairs):
+            raise ValueError(
+                f"mask shape {mask.shape} must be x.shape[:-1] = {keys} (key padding) or "
+                f"{pairs} (query x key), or a function of positions"
+            )
+        mask_axis = 0
     fn = functools.partial(multihead.apply, **kw)
-    for _ in range(x_xLxD.ndim - 2):
-        fn = jax.vmap(fn, in_axes=(None, 0, 0))
-    return fn(params, x_xLxD, mask_xL)
+    for _ in range(batch_axes):
+        fn = jax.vmap(fn, in_axes=(None, 0, mask_axis))
+    return fn(params, x_xLxD, mask)
 
 
 class SelfAttention(nn.Module):
@@ -38,14 +57,12 @@ class SelfAttention(nn.Module):
     """
 
     num_heads: int
-    score: str = "scaled_dot"
-    implementation: str = "matrix"
-    q_chunk: int = 128
-    k_chunk: int = 128
+    score: str | scores.Score = "scaled_dot"
+    attend: multihead.Attend | None = None
     param_dtype: jnp.dtype = jnp.float32
 
     @nn.compact
-    def __call__(self, x: jax.Array, mask: jax.Array | None = None, return_weights: bool = False):
+    def __call__(self, x: jax.Array, mask: masks.Mask | None = None, return_weights: bool = False):
         d_model = x.shape[-1]
         make = functools.partial(
             multihead.init,
@@ -59,14 +76,7 @@ class SelfAttention(nn.Module):
         names = jax.eval_shape(make, jax.random.key(0)).keys()
         params = {n: self.param(n, lambda key, n=n: make(key)[n]) for n in names}
         y, w = _apply_batched(
-            params,
-            x,
-            mask,
-            num_heads=self.num_heads,
-            score=self.score,
-            implementation=self.implementation,
-            q_chunk=self.q_chunk,
-            k_chunk=self.k_chunk,
+            params, x, mask, num_heads=self.num_heads, attend=_attend(self.score, self.attend)
         )
         return (y, w) if return_weights else y
 
@@ -80,19 +90,14 @@ class NnxSelfAttention(nnx.Module):
         num_heads: int,
         *,
         score: str | scores.Score = "scaled_dot",
-        implementation: str = "matrix",
-        q_chunk: int = 128,
-        k_chunk: int = 128,
+        attend: multihead.Attend | None = None,
         param_dtype=jnp.float32,
         rngs: nnx.Rngs,
     ):
         params = multihead.init(rngs.params(), d_model, num_heads, score=score, dtype=param_dtype)
         self.mha = nnx.data(jax.tree.map(nnx.Param, params))
         self.num_heads = num_heads
-        self.score = score
-        self.implementation = implementation
-        self.q_chunk = q_chunk
-        self.k_chunk = k_chunk
+        self.attend = _attend(score, attend)
 
     def pure_params(self) -> dict:
         """The plain-array tree `multihead.apply` takes."""
@@ -100,15 +105,8 @@ class NnxSelfAttention(nnx.Module):
             lambda v: v[...], self.mha, is_leaf=lambda v: isinstance(v, nnx.Variable)
         )
 
-    def __call__(self, x: jax.Array, mask: jax.Array | None = None, return_weights: bool = False):
+    def __call__(self, x: jax.Array, mask: masks.Mask | None = None, return_weights: bool = False):
         y, w = _apply_batched(
-            self.pure_params(),
-            x,
-            mask,
-            num_heads=self.num_heads,
-            score=self.score,
-            implementation=self.implementation,
-            q_chunk=self.q_chunk,
-            k_chunk=self.k_chunk,
+            self.pure_params(), x, mask, num_heads=self.num_heads, attend=self.attend
         )
         return (y, w) if return_weights else y

@@ -7,10 +7,7 @@ never changes the pooled vector, and an all-padding sequence pools to finite zer
 import jax
 import jax.numpy as jnp
 
-from attn import layers
-
-# Large finite negative instead of -inf: a fully masked row must stay NaN-free.
-_NEG = -1e30
+from attn import layers, masks
 
 
 def cls_pool(h_LxD: jax.Array, mask_L: jax.Array) -> jax.Array:
@@ -52,11 +49,9 @@ def structured(
     """
     dt = h_LxD.dtype
     s_LxA = jnp.tanh(h_LxD @ params["w1"].astype(dt))
-    e_RxL = (s_LxA @ params["w2"].astype(dt)).T.astype(jnp.float32)
-    e_RxL = jnp.where(mask_L[None, :], e_RxL, _NEG)
-    a_RxL = jax.nn.softmax(e_RxL, axis=-1)
-    # An all-_NEG row softmaxes to uniform; zeroing keeps padding weightless and empty rows zero.
-    a_RxL = jnp.where(mask_L[None, :], a_RxL, 0.0)
+    e_RxL = (s_LxA @ params["w2"].astype(dt)).T
+    a_RxL, live_R1 = masks.softmax(e_RxL, mask_L[None, :])
+    a_RxL = jnp.where(live_R1, a_RxL, 0.0)  # an all-padding sequence gives zero weights
     m_RxD = a_RxL @ h_LxD.astype(jnp.float32)
     g_RxR = a_RxL @ a_RxL.T
     penalty = jnp.sum(jnp.square(g_RxR - jnp.eye(g_RxR.shape[0], dtype=jnp.float32)))

@@ -1,15 +1,21 @@
 """Score (similarity) functions: how strongly query q_i matches key k_j.
 
-Every score is a pure ``fn(params, q_LxD, k_MxD) -> s_LxM`` (``params`` is None for the
-parameter-free ones) plus an ``init(key, d, *, hidden=None, dtype=float32) -> params``.
+A score is a pure ``fn(params, q_LxD, k_MxD) -> s_LxM`` (``params`` is None for the
+parameter-free ones) with an ``init(key, d, *, hidden=None, dtype=float32) -> params``. A score
+that needs positions (relative-position or ALiBi-style biases) also takes the absolute int32
+positions of its queries and keys: ``fn(params, q_LxD, k_MxD, *, q_pos, k_pos)`` with q_pos [L]
+and k_pos [M]. The chunked form calls a score on one block of queries and keys at a time, so a
+score may depend on (q_i, k_j, i, j) and its params only, never on which other rows it is given.
+It must be finite, with finite derivatives, on every real pair, masked or not.
 ``get_score`` resolves a name or a user callable to a ``Score`` once, at the API boundary.
 
-Scores are accumulated in at least float32 (bfloat16 inputs give float32 scores) because the
-softmax that follows is sensitive to rounding in its inputs.
+Built-in scores are computed in at least float32 whatever the input dtype (bfloat16 inputs give
+float32 scores) because the softmax that follows is sensitive to rounding in its inputs.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -18,21 +24,23 @@ import jax
 import jax.numpy as jnp
 
 Params = Any
-ScoreFn = Callable[[Params, jax.Array, jax.Array], jax.Array]
+ScoreFn = Callable[..., jax.Array]
 InitFn = Callable[..., Params]
-
-# The score a masked key gets: far below any real score yet finite (unlike -inf), so that
-# exp(MASKED - max) underflows to exactly 0 and a fully masked row stays NaN-free.
-MASKED = -1e30
 
 
 class Score(NamedTuple):
-    """A resolved score function. ``init`` returns None for parameter-free scores."""
+    """A resolved score function.
+
+    has_params: True when ``init`` builds params the score needs, False when it takes none (it
+    then refuses params), None for a bare callable (whatever params the caller passes go to it).
+    positional: ``fn`` takes ``q_pos=`` and ``k_pos=``.
+    """
 
     name: str
     fn: ScoreFn
     init: InitFn
-    has_params: bool
+    has_params: bool | None
+    positional: bool = False
 
 
 def _acc_dtype(*xs: Any) -> jnp.dtype:
@@ -55,10 +63,15 @@ def dot(params: None, q_LxD: jax.Array, k_MxD: jax.Array) -> jax.Array:
 def scaled_dot(params: None, q_LxD: jax.Array, k_MxD: jax.Array) -> jax.Array:
     """s_ij = q_i . k_j / sqrt(d): removes the growth of the dot product with d.
 
-    Scaling q ([L, D]) rather than the scores ([L, M]) is the same number with L*M fewer
-    multiplies, and spares XLA a full-size constant in the backward pass.
+    For float32/float64 q, scaling q ([L, D]) rather than the scores ([L, M]) is the same number
+    with L*M fewer multiplies, and spares XLA a full-size constant in the backward pass. A
+    narrower q would be rounded by the scaling (2e-3 weight error in bfloat16 at d=32), so
+    there the float32 scores are scaled instead.
     """
-    return dot(params, q_LxD * (1.0 / math.sqrt(q_LxD.shape[-1])), k_MxD)
+    scale = 1.0 / math.sqrt(q_LxD.shape[-1])
+    if jnp.issubdtype(q_LxD.dtype, jnp.floating) and jnp.finfo(q_LxD.dtype).bits >= 32:
+        return dot(params, q_LxD * scale, k_MxD)
+    return dot(params, q_LxD, k_MxD) * scale
 
 
 def general(params: dict[str, jax.Array], q_LxD: jax.Array, k_MxD: jax.Array) -> jax.Array:
@@ -145,10 +158,26 @@ SCORES: dict[str, Score] = {
 }
 
 
+def _takes_positions(fn: Callable) -> bool:
+    """True when fn declares both q_pos and k_pos; TypeError when it declares only one."""
+    try:
+        names = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # some builtins have no signature: they take no positions
+        return False
+    has_q, has_k = "q_pos" in names, "k_pos" in names
+    if has_q != has_k:
+        raise TypeError(
+            f"score {fn!r} must take both q_pos and k_pos (or neither); it declares only "
+            f"{'q_pos' if has_q else 'k_pos'}"
+        )
+    return has_q
+
+
 def get_score(score: str | ScoreFn | Score) -> Score:
     """Resolve a score name, a ``Score``, or a callable ``fn(params, q_LxD, k_MxD) -> s_LxM``.
 
-    A bare callable gets an ``init`` returning None: the caller supplies its params.
+    A callable that declares ``q_pos`` and ``k_pos`` is given the positions. A bare callable gets
+    an ``init`` returning None: the caller supplies its params, if any.
     """
     if isinstance(score, Score):
         return score
@@ -157,7 +186,30 @@ def get_score(score: str | ScoreFn | Score) -> Score:
             raise ValueError(f"score must be one of {sorted(SCORES)} or a callable; got {score!r}")
         return SCORES[score]
     if callable(score):
-        return Score(getattr(score, "__name__", repr(score)), score, _no_params, False)
+        name = getattr(score, "__name__", repr(score))
+        return Score(name, score, _no_params, None, _takes_positions(score))
     raise TypeError(
         f"score must be a name in {sorted(SCORES)} or a callable; got {type(score).__name__}"
     )
+
+
+def evaluate(
+    sc: Score,
+    params: Params,
+    q_LxD: jax.Array,
+    k_MxD: jax.Array,
+    q_pos_L: jax.Array,
+    k_pos_M: jax.Array,
+) -> jax.Array:
+    """The score matrix s [L, M] in at least float32; ValueError (at trace time) if not [L, M]."""
+    if sc.positional:
+        s_LxM = sc.fn(params, q_LxD, k_MxD, q_pos=q_pos_L, k_pos=k_pos_M)
+    else:
+        s_LxM = sc.fn(params, q_LxD, k_MxD)
+    shape = (q_LxD.shape[0], k_MxD.shape[0])
+    if getattr(s_LxM, "shape", None) != shape:
+        raise ValueError(
+            f"score {sc.name!r} must return [Lq, Lk] = {shape} for q {q_LxD.shape} and k "
+            f"{k_MxD.shape}; got {getattr(s_LxM, 'shape', type(s_LxM).__name__)}"
+        )
+    return s_LxM.astype(jnp.result_type(s_LxM, jnp.float32))

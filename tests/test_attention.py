@@ -251,6 +251,22 @@ def test_bfloat16_close_to_float32(name, implementation):
     np.testing.assert_allclose(np.asarray(out16, np.float32), out32, atol=5e-2, rtol=5e-2)
 
 
+@pytest.mark.parametrize("name", SCORES)
+def test_bfloat16_weights_match_float64_at_d32(name):
+    # Scores in float32 whatever the input dtype: the bfloat16 values, taken exactly, must give
+    # the float64 weights to float32 accuracy (scaling q in bfloat16 would cost 2e-3 here).
+    q, k, v = _inputs(18, lq=16, lk=16, d=32, e=8, dtype=jnp.bfloat16)
+    p = _params(name, d=32)
+    mask = _mask(18, lq=16, lk=16)
+    _, w = attention(q, k, v, mask, score=name, score_params=p)
+    assert w.dtype == jnp.float32
+    _, w_ref = reference.attention(
+        np.asarray(q, np.float64), np.asarray(k, np.float64), v, np.asarray(mask),
+        score=name, score_params=p,
+    )  # fmt: skip
+    np.testing.assert_allclose(w, w_ref, atol=1e-5, rtol=0)
+
+
 def test_xla_bfloat16_close_to_float32():
     q, k, v = _inputs(16)
     mask = _mask(16)
@@ -280,6 +296,23 @@ _q, _k, _v = _inputs(17)
         (dict(score="general"), ValueError, ["score_params", "general"]),
         (dict(implementation="flash"), ValueError, ["implementation", "'flash'", "chunked"]),
         (dict(implementation="xla", score="dot"), ValueError, ["xla", "'dot'"]),
+        (
+            dict(
+                q=_q.astype(jnp.float16),
+                k=_k.astype(jnp.float16),
+                v=_v.astype(jnp.float16),
+                implementation="xla",
+            ),
+            ValueError,
+            ["xla", "float16 on CPU", "'matrix'"],
+        ),
+        (dict(score_params={"w_DxD": jnp.eye(D)}), ValueError, ["'scaled_dot' takes no param"]),
+        (
+            dict(score="additive", score_params={"w_DxD": jnp.eye(D)}),
+            ValueError,
+            ["score_params for score='additive'", "'v_H'", "['w_DxD']"],
+        ),
+        (dict(mask=lambda qp, kp: qp), TypeError, ["mask function must return bool", "int32"]),
         (dict(q_chunk=0), ValueError, ["q_chunk", "0"]),
         (dict(k_chunk=-2), ValueError, ["k_chunk", "-2"]),
         (dict(k_chunk=2.5), TypeError, ["k_chunk", "2.5"]),
@@ -292,6 +325,24 @@ def test_bad_arguments_raise_with_clear_message(kwargs, exc, words):
         attention(args.pop("q"), args.pop("k"), args.pop("v"), args.pop("mask"), **args)
     for w in words:
         assert w in str(info.value), (w, str(info.value))
+
+
+def test_xla_refuses_float64_instead_of_losing_precision():
+    with jax.enable_x64(True):
+        q, k, v = _inputs(19, dtype=jnp.float64)
+        with pytest.raises(ValueError, match="float64 inputs would silently lose precision"):
+            attention(q, k, v, implementation="xla")
+        out, _ = attention(q, k, v)  # the matrix form computes in float64
+        assert out.dtype == jnp.float64
+
+
+def test_callable_score_receives_the_params_it_is_given():
+    q, k, v = _inputs(20)
+    bilinear = lambda p, q, k: q @ p @ k.T
+    w_DxD = jnp.asarray(np.random.default_rng(20).normal(size=(D, D)), jnp.float32)
+    _, w = attention(q, k, v, score=bilinear, score_params=w_DxD)
+    _, w_ref = attention(q, k, v, score="general", score_params={"w_DxD": w_DxD})
+    np.testing.assert_allclose(w, w_ref, atol=1e-6)
 
 
 def test_validation_runs_at_trace_time_under_jit():

@@ -69,6 +69,39 @@ def test_chunked_matches_matrix_value_and_grad(name, rank):
     np.testing.assert_allclose(out_c, out_ref, atol=1e-5)
 
 
+def test_cosine_score_has_finite_gradients_equal_to_the_matrix_form():
+    # Undefined at zero: padding with zero rows would give 0/0 and NaN gradients at L=200.
+    def cos(p, q, k):
+        qn = q / jnp.linalg.norm(q, axis=-1, keepdims=True)
+        return 10 * qn @ (k / jnp.linalg.norm(k, axis=-1, keepdims=True)).T
+
+    q = jax.random.normal(jax.random.key(0), (200, 8))
+    grad = lambda impl: jax.jit(
+        jax.grad(lambda q: attention(q, q, q, score=cos, implementation=impl)[0].sum())
+    )(q)
+    g_chunked, g_matrix = grad("chunked"), grad("matrix")
+    assert np.all(np.isfinite(g_chunked))
+    np.testing.assert_allclose(g_chunked, g_matrix, atol=1e-5)
+
+
+def test_score_never_sees_positions_past_the_end():
+    # Finite on every real (q_i, k_j, i, j) and NaN beyond: chunks must hold real rows only.
+    def beyond_is_nan(p, q, k, *, q_pos, k_pos):
+        return q @ k.T + jnp.log(LQ - q_pos)[:, None] + jnp.log(LK - k_pos)[None, :]
+
+    def loss(q, k, v, impl):
+        out, _ = attention(
+            q, k, v, _mask(5, 2), score=beyond_is_nan, implementation=impl, q_chunk=3, k_chunk=4
+        )
+        return jnp.sum(jnp.sin(out))
+
+    q, k, v = _inputs(5)
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)), static_argnums=3)
+    for a, b in zip(grad(q, k, v, "chunked"), grad(q, k, v, "matrix"), strict=True):
+        assert np.all(np.isfinite(a))
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
 @pytest.mark.parametrize("q_chunk, k_chunk", [(1, 1), (7, 10), (64, 64), (2, 5), (4, 3)])
 def test_any_chunk_sizes(q_chunk, k_chunk):
     q, k, v = _inputs(1)
@@ -114,8 +147,8 @@ def test_check_grads_chunked(name):
         check_grads(jax.jit(f), (q, k, v, p), order=1, modes=("fwd", "rev"))
 
 
-def _temp_bytes(implementation, length):
-    q = jax.ShapeDtypeStruct((length, 16), jnp.float32)
+def _temp_bytes(implementation, length, d=16):
+    q = jax.ShapeDtypeStruct((length, d), jnp.float32)
     loss = lambda q: jnp.sum(
         attention(q, q, q, implementation=implementation, q_chunk=128, k_chunk=128)[0]
     )
@@ -129,6 +162,13 @@ def test_backward_memory_stays_below_the_score_matrix():
     score_matrix = length * length * 4
     assert _temp_bytes("matrix", length) >= score_matrix
     assert _temp_bytes("chunked", length) < score_matrix / 8
+
+
+def test_backward_memory_is_linear_in_length():
+    # Without checkpointing each query chunk, the scan keeps a running max per (query, key chunk):
+    # 4 * L * L / 128 bytes, 8 MiB at L = 16k, which makes the 4x longer input cost ~6x more.
+    small, large = _temp_bytes("chunked", 4096), _temp_bytes("chunked", 16384)
+    assert large / small <= 4.5, (small, large)
 
 
 def test_program_size_does_not_grow_with_the_number_of_chunks():

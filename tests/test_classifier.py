@@ -9,7 +9,8 @@ import numpy as np
 import optax
 import pytest
 
-from attn import classifier, encoder
+from attn import classifier, encoder, layers
+from attn.attention import attention
 from attn.classifier import ModelConfig
 
 TINY = dict(vocab_size=30, d_model=8, num_heads=2, d_ff=16, max_len=16, pool_hidden=6, pool_hops=3)
@@ -289,3 +290,58 @@ def test_encode_is_apply_before_pooling_and_embed_delta_shifts_the_embeddings():
         no_pos, TOKENS, _cfg(pooling="mean", ngram_buckets=17, positions="none")
     )
     np.testing.assert_allclose(shifted, unpositioned, atol=1e-5)
+
+
+def test_ids_outside_the_vocabulary_read_as_unk():
+    cfg = _cfg(ngram_buckets=11)
+    odd = TOKENS.at[0, 1].set(cfg.vocab_size).at[0, 3].set(-4).at[2, 7].set(10**6)
+    unk = TOKENS.at[0, 1].set(classifier.UNK).at[0, 3].set(classifier.UNK)
+    unk = unk.at[2, 7].set(classifier.UNK)
+    params = classifier.init(jax.random.key(8), cfg)
+    params["embed"]["ngrams"] = jax.random.normal(jax.random.key(9), (11, cfg.d_model))
+    lo_odd, _ = classifier.apply(params, odd, cfg)
+    lo_unk, _ = classifier.apply(params, unk, cfg)
+    lo, _ = classifier.apply(params, TOKENS, cfg)
+    np.testing.assert_allclose(lo_odd, lo_unk, atol=1e-6)
+    assert not np.allclose(lo_odd, lo, atol=1e-4)
+
+
+def test_params_built_for_another_config_are_refused_by_name():
+    params = classifier.init(jax.random.key(0), _cfg(d_model=16))
+    with pytest.raises(ValueError, match=r"\['embed'\]\['tokens'\] has shape \(30, 16\), cfg"):
+        classifier.apply(params, TOKENS, _cfg())
+    with pytest.raises(ValueError, match=r"missing \['embed'\]\['ngrams'\]"):
+        classifier.encode(classifier.init(jax.random.key(0), _cfg()), TOKENS, _cfg(ngram_buckets=5))
+    with pytest.raises(ValueError, match=r"unexpected \['layer_1'\]"):
+        jax.jit(classifier.apply, static_argnums=2)(
+            classifier.init(jax.random.key(0), _cfg(num_layers=2)), TOKENS, _cfg()
+        )
+
+
+def test_attend_is_attention_with_the_config_fields():
+    cfg = _cfg(score="additive", implementation="chunked", q_chunk=3, k_chunk=5)
+    attend = classifier.attend(cfg)
+    assert attend.func is attention
+    assert attend.keywords == dict(score="additive", implementation="chunked", q_chunk=3, k_chunk=5)
+    assert classifier.attend(dataclasses.replace(cfg)) is attend
+
+
+@pytest.mark.parametrize("score", ["scaled_dot", "mlp"])
+def test_attention_steps_are_the_model_own_values(score):
+    cfg = _cfg(num_layers=2, score=score, ngram_buckets=7)
+    params = classifier.init(jax.random.key(10), cfg)
+    _, aux = classifier.apply(params, TOKENS, cfg)
+    for b in (0, 2):
+        for layer in (0, 1):
+            st = classifier.attention_steps(params, TOKENS[b], cfg, layer=layer)
+            np.testing.assert_allclose(st.weights_HxLxL, aux["attention"][layer][b], atol=1e-6)
+    # layer 1's X is LayerNorm1 of layer 0's output, which encode computes
+    x_BxLxD = classifier.embed(params, TOKENS, cfg)
+    y0, _ = encoder.apply(params["layer_0"], x_BxLxD[0], TOKENS[0] != 0, num_heads=cfg.num_heads,
+                          attend=classifier.attend(cfg))  # fmt: skip
+    st = classifier.attention_steps(params, TOKENS[0], cfg, layer=1)
+    np.testing.assert_allclose(st.x_LxD, layers.layer_norm(params["layer_1"]["ln1"], y0), atol=1e-6)
+    with pytest.raises(ValueError, match=r"layer must be in \[0, 2\); got 2"):
+        classifier.attention_steps(params, TOKENS[0], cfg, layer=2)
+    with pytest.raises(ValueError, match="one sequence of ids"):
+        classifier.attention_steps(params, TOKENS, cfg)

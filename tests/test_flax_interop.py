@@ -1,21 +1,25 @@
 """The Flax linen and nnx wrappers hold the pure param tree and compute the pure function."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from attn import flax_interop, multihead
+from attn import flax_interop, masks, multihead
+from attn.attention import attention
 
 B, L, D, H = 2, 5, 8, 2
 X = jax.random.normal(jax.random.key(0), (B, L, D))
 MASK = jnp.array([[True] * 5, [True, True, True, False, False]])
 
 
-def _pure(params, score="scaled_dot"):
-    fn = jax.vmap(lambda x, m: multihead.apply(params, x, m, num_heads=H, score=score))
-    return fn(X, MASK)
+def _pure(params, score="scaled_dot", mask=MASK):
+    attend = functools.partial(attention, score=score)
+    fn = jax.vmap(lambda x, m: multihead.apply(params, x, m, num_heads=H, attend=attend))
+    return fn(X, mask)
 
 
 @pytest.mark.parametrize("score", ["scaled_dot", "general"])
@@ -44,6 +48,41 @@ def test_linen_accepts_one_unbatched_sequence_and_checks_the_mask():
     np.testing.assert_allclose(y, y_ref, atol=1e-6)
     with pytest.raises(ValueError, match="mask shape"):
         module.apply(variables, X, MASK[:, :3])
+
+
+def test_linen_takes_query_key_masks_and_mask_functions():
+    module = flax_interop.SelfAttention(num_heads=H)
+    variables = module.init(jax.random.key(1), X)
+    pairs_BxLxL = jax.vmap(lambda m: masks.matrix(masks.all_of(masks.causal, m), L, L))(MASK)
+    y, w = module.apply(variables, X, pairs_BxLxL, return_weights=True)
+    y_ref, w_ref = _pure(variables["params"], mask=pairs_BxLxL)
+    np.testing.assert_allclose(y, y_ref, atol=1e-6)
+    assert np.all(np.asarray(w)[:, :, 0, 1:] == 0.0)  # causal: the first query sees only itself
+    y_fn = module.apply(variables, X, masks.causal)  # one function for every sequence
+    y_all = module.apply(
+        variables, X, jnp.broadcast_to(masks.matrix(masks.causal, L, L), (B, L, L))
+    )
+    np.testing.assert_allclose(y_fn, y_all, atol=1e-6)
+
+
+@pytest.mark.parametrize("module_type", ["linen", "nnx"])
+def test_attend_chooses_the_implementation(module_type):
+    attend = functools.partial(
+        attention, score="additive", implementation="chunked", q_chunk=2, k_chunk=3
+    )
+    if module_type == "linen":
+        module = flax_interop.SelfAttention(num_heads=H, score="additive", attend=attend)
+        variables = module.init(jax.random.key(1), X, MASK)
+        params = variables["params"]
+        y, w = module.apply(variables, X, MASK, return_weights=True)
+    else:
+        module = flax_interop.NnxSelfAttention(
+            D, H, score="additive", attend=attend, rngs=nnx.Rngs(3)
+        )
+        params = module.pure_params()
+        y, w = module(X, MASK, return_weights=True)
+    assert w is None  # chunked forms no weights
+    np.testing.assert_allclose(y, _pure(params, "additive")[0], atol=1e-5)
 
 
 @pytest.mark.parametrize("score", ["scaled_dot", "additive"])

@@ -1,4 +1,6 @@
-"""Multi-head self-attention vs Flax and vs a per-head numpy loop."""
+"""Multi-head self-attention vs Flax and vs a per-head numpy loop; its step-by-step values."""
+
+import functools
 
 import flax.linen as nn
 import jax
@@ -7,7 +9,8 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from attn import multihead, reference
+from attn import masks, multihead, reference
+from attn.attention import attention
 
 D, H, L = 12, 3, 7
 
@@ -52,24 +55,30 @@ def test_matches_flax_multihead_dot_product_attention():
     np.testing.assert_array_equal(w_HxLxL[:, :, ~np.asarray(mask_L)], 0.0)
 
 
-@pytest.mark.parametrize("score", ["scaled_dot", "general", "additive"])
-def test_matches_per_head_reference_loop(score):
-    params = multihead.init(jax.random.key(2), D, H, score=score)
-    x_LxD, mask_L = _x_and_mask(3)
-    y_LxD, w_HxLxL = multihead.apply(params, x_LxD, mask_L, num_heads=H, score=score)
-
+def _per_head_reference(params, x_LxD, mask, score="scaled_dot"):
+    """(y [L, D], weights [H, L, L]) from the numpy loop, one head at a time."""
     x = np.asarray(x_LxD, np.float64)
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
     dh = D // H
-    outs = []
+    outs, ws = [], []
     for h in range(H):
         cols = slice(h * dh, (h + 1) * dh)
         q, k, v = ((x @ p[n]["w"] + p[n]["b"])[:, cols] for n in "qkv")
         sp = None if "score" not in p else {n: a[h] for n, a in p["score"].items()}
-        out, w = reference.attention(q, k, v, np.asarray(mask_L), score=score, score_params=sp)
+        out, w = reference.attention(q, k, v, mask, score=score, score_params=sp)
         outs.append(out)
-        np.testing.assert_allclose(w_HxLxL[h], w, atol=1e-5)
-    y_ref = np.concatenate(outs, axis=1) @ p["o"]["w"] + p["o"]["b"]
+        ws.append(w)
+    return np.concatenate(outs, axis=1) @ p["o"]["w"] + p["o"]["b"], np.stack(ws)
+
+
+@pytest.mark.parametrize("score", ["scaled_dot", "general", "additive"])
+def test_matches_per_head_reference_loop(score):
+    params = multihead.init(jax.random.key(2), D, H, score=score)
+    x_LxD, mask_L = _x_and_mask(3)
+    attend = functools.partial(attention, score=score)
+    y_LxD, w_HxLxL = multihead.apply(params, x_LxD, mask_L, num_heads=H, attend=attend)
+    y_ref, w_ref = _per_head_reference(params, x_LxD, np.asarray(mask_L), score)
+    np.testing.assert_allclose(w_HxLxL, w_ref, atol=1e-5)
     np.testing.assert_allclose(y_LxD, y_ref, atol=1e-5)
 
 
@@ -77,9 +86,8 @@ def test_chunked_matches_matrix_and_returns_no_weights():
     params = multihead.init(jax.random.key(4), D, H)
     x_LxD, mask_L = _x_and_mask(5)
     y_m, _ = multihead.apply(params, x_LxD, mask_L, num_heads=H)
-    y_c, w_c = multihead.apply(
-        params, x_LxD, mask_L, num_heads=H, implementation="chunked", q_chunk=3, k_chunk=2
-    )
+    attend = functools.partial(attention, implementation="chunked", q_chunk=3, k_chunk=2)
+    y_c, w_c = multihead.apply(params, x_LxD, mask_L, num_heads=H, attend=attend)
     np.testing.assert_allclose(y_m, y_c, atol=1e-5)
     assert w_c is None
 
@@ -99,6 +107,84 @@ def test_check_grads_through_heads_and_score_params():
         mask_L = jnp.arange(L) < 5
 
         def f(p, x):
-            return multihead.apply(p, x, mask_L, num_heads=H, score="general")[0]
+            attend = functools.partial(attention, score="general")
+            return multihead.apply(p, x, mask_L, num_heads=H, attend=attend)[0]
 
         check_grads(jax.jit(f), (params, x_LxD), order=1, modes=("rev",))
+
+
+@pytest.mark.parametrize("form", ["array", "function"])
+def test_query_key_masks_as_array_or_function_match_the_loop(form):
+    # apply takes every mask attention takes: [L, L] arrays and functions of positions too.
+    params = multihead.init(jax.random.key(8), D, H)
+    x_LxD, mask_L = _x_and_mask(9)
+    mask_fn = masks.all_of(masks.causal, mask_L)
+    mask = masks.matrix(mask_fn, L, L) if form == "array" else mask_fn
+    assert form == "function" or mask.shape == (L, L)
+    y_LxD, w_HxLxL = multihead.apply(params, x_LxD, mask, num_heads=H)
+    y_ref, w_ref = _per_head_reference(params, x_LxD, lambda i, j: j <= i and bool(mask_L[j]))
+    np.testing.assert_allclose(y_LxD, y_ref, atol=1e-5)
+    np.testing.assert_allclose(w_HxLxL, w_ref, atol=1e-6)
+
+
+def test_params_that_do_not_fit_raise_naming_the_entry():
+    params = multihead.init(jax.random.key(0), D, H, score="additive")
+    x_LxD, mask_L = _x_and_mask()
+    attend = functools.partial(attention, score="additive")
+    # score params built for 3 heads, applied with 4
+    p4 = multihead.init(jax.random.key(0), D, 4)
+    p4["score"] = params["score"]
+    with pytest.raises(ValueError, match=r"params\['score'\]\['b_H'\].*num_heads=4"):
+        multihead.apply(p4, x_LxD, mask_L, num_heads=4, attend=attend)
+    with pytest.raises(ValueError, match=r"params\['q'\]\['w'\] has shape \(12, 12\).*d_model=6"):
+        multihead.apply(params, x_LxD[:, :6], mask_L, num_heads=H, attend=attend)
+    # params of a parameterized score under a parameter-free attend, and the reverse
+    with pytest.raises(ValueError, match="'scaled_dot' takes no parameters"):
+        multihead.apply(params, x_LxD, mask_L, num_heads=H)
+    plain = multihead.init(jax.random.key(0), D, H)
+    with pytest.raises(ValueError, match="'additive' has parameters"):
+        multihead.apply(plain, x_LxD, mask_L, num_heads=H, attend=attend)
+
+
+@pytest.mark.parametrize("score", ["scaled_dot", "dot", "general", "additive", "mlp"])
+def test_steps_recombine_to_their_weights_and_equal_apply(score):
+    params = multihead.init(jax.random.key(10), D, H, score=score)
+    x_LxD, mask_L = _x_and_mask(11)
+    st = jax.jit(functools.partial(multihead.steps, num_heads=H, score=score))(
+        params, x_LxD, mask_L
+    )
+    dh = D // H
+    np.testing.assert_array_equal(st.x_LxD, x_LxD)
+    for name, t in (("q", st.q_HxLxK), ("k", st.k_HxLxK), ("v", st.v_HxLxK)):
+        proj = x_LxD @ params[name]["w"] + params[name]["b"]
+        np.testing.assert_allclose(t, proj.reshape(L, H, dh).swapaxes(0, 1), atol=1e-5)
+    q, k, v = (np.asarray(t, np.float64) for t in (st.q_HxLxK, st.k_HxLxK, st.v_HxLxK))
+    if score in ("scaled_dot", "dot"):
+        np.testing.assert_allclose(st.raw_HxLxL, q @ k.swapaxes(1, 2), atol=1e-5)
+        scale = 1 / np.sqrt(dh) if score == "scaled_dot" else 1.0
+        np.testing.assert_allclose(st.scaled_HxLxL, scale * q @ k.swapaxes(1, 2), atol=1e-5)
+    else:  # no scaling: raw is the score function's matrix
+        np.testing.assert_array_equal(st.raw_HxLxL, st.scaled_HxLxL)
+    # softmax of the scaled scores over real keys gives the weights; weights V the outputs
+    s = np.where(np.asarray(mask_L), np.asarray(st.scaled_HxLxL, np.float64), -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    np.testing.assert_allclose(st.weights_HxLxL, w, atol=1e-6)
+    assert np.all(np.asarray(st.weights_HxLxL)[:, :, ~np.asarray(mask_L)] == 0.0)
+    np.testing.assert_allclose(st.out_HxLxK, w @ v, atol=1e-5)
+    # ... and equal what attention and apply compute
+    sp = params.get("score")
+    for h in range(H):
+        sp_h = None if sp is None else jax.tree.map(lambda a, h=h: a[h], sp)
+        out, w_h = attention(
+            st.q_HxLxK[h], st.k_HxLxK[h], st.v_HxLxK[h], mask_L, score=score, score_params=sp_h
+        )
+        np.testing.assert_allclose(st.out_HxLxK[h], out, atol=1e-6)
+        np.testing.assert_allclose(st.weights_HxLxL[h], w_h, atol=1e-6)
+    attend = functools.partial(attention, score=score)
+    y, w_apply = multihead.apply(params, x_LxD, mask_L, num_heads=H, attend=attend)
+    np.testing.assert_allclose(st.y_LxD, y, atol=1e-6)
+    np.testing.assert_allclose(st.weights_HxLxL, w_apply, atol=1e-6)
+    y_ref, w_ref = _per_head_reference(params, x_LxD, np.asarray(mask_L), score)
+    np.testing.assert_allclose(st.y_LxD, y_ref, atol=1e-5)
+    np.testing.assert_allclose(st.weights_HxLxL, w_ref, atol=1e-5)

@@ -52,3 +52,27 @@ def test_unknown_name_lists_valid_names():
         ValueError, match=r"score must be one of .*'additive'.*'scaled_dot'.*'dotx'"
     ):
         scores.get_score("dotx")
+
+
+def test_callables_that_declare_positions_receive_them():
+    def rel(p, q, k, *, q_pos, k_pos):
+        return (q_pos[:, None] - k_pos[None, :]).astype(jnp.float32)
+
+    sc = scores.get_score(rel)
+    assert sc.positional and sc.has_params is None
+    assert not scores.get_score(lambda p, q, k: q @ k.T).positional
+    assert not scores.SCORES["scaled_dot"].positional
+    q, k = _qk()
+    s = scores.evaluate(sc, None, q, k, jnp.arange(3) + 10, jnp.arange(5))
+    np.testing.assert_array_equal(s, np.arange(10, 13)[:, None] - np.arange(5)[None, :])
+
+
+def test_bfloat16_scaled_dot_is_the_float32_dot_scaled():
+    # bf16 x bf16 products are exact in float32: nothing may be rounded to bf16 on the way.
+    # d=8: 1/sqrt(8) is not a power of two, so scaling bf16 q would round it.
+    r = np.random.default_rng(3)
+    q, k = (jnp.asarray(r.normal(size=(n, 8)), jnp.bfloat16) for n in (6, 5))
+    s = scores.scaled_dot(None, q, k)
+    assert s.dtype == jnp.float32
+    expected = np.asarray(q, np.float64) @ np.asarray(k, np.float64).T / np.sqrt(8)
+    np.testing.assert_allclose(s, expected, rtol=1e-6, atol=1e-6)

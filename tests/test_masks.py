@@ -1,0 +1,160 @@
+"""Masks and scores that know positions: matrix and chunked against the per-pair numpy loop."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+from attn import masks, reference, scores
+from attn.attention import attention
+
+LQ, LK, D, E = 7, 10, 4, 3  # not multiples of the chunk sizes below
+CHUNKS = dict(q_chunk=3, k_chunk=4)
+SEG = np.array([0, 0, 0, 1, 1, 1, 1, 2, 2, 2])  # segment ids of the LK keys (queries: first LQ)
+
+
+def _inputs(seed, lq=LQ, lk=LK, d=D):
+    r = np.random.default_rng(seed)
+    return tuple(jnp.asarray(r.normal(size=s), jnp.float32) for s in ((lq, d), (lk, d), (lk, E)))
+
+
+def alibi(params, q_LxD, k_MxD, *, q_pos, k_pos):
+    """ALiBi-style: scaled dot product minus a penalty growing with the distance |i - j|."""
+    del params
+    distance_LxM = jnp.abs(q_pos[:, None] - k_pos[None, :]).astype(jnp.float32)
+    return scores.scaled_dot(None, q_LxD, k_MxD) - 0.5 * distance_LxM
+
+
+def alibi_pair(q, k, i, j):
+    return q @ k / np.sqrt(q.shape[0]) - 0.5 * abs(i - j)
+
+
+# (library mask, the same rule written per pair for the reference)
+MASKS = {
+    "causal": (masks.causal, lambda i, j: j <= i),
+    "window": (masks.sliding_window(2, 1), lambda i, j: i - 2 <= j <= i + 1),
+    "segments": (
+        masks.segments(SEG[:LQ], SEG),
+        lambda i, j: SEG[i] == SEG[j],
+    ),
+    "causal+padding": (
+        masks.all_of(masks.causal, jnp.arange(LK) < 8),
+        lambda i, j: j <= i and j < 8,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MASKS))
+def test_mask_functions_evaluate_to_their_per_pair_rule(name):
+    fn, pair = MASKS[name]
+    got = masks.matrix(fn, LQ, LK)
+    expected = np.array([[pair(i, j) for j in range(LK)] for i in range(LQ)])
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("implementation", ["matrix", "chunked", "xla"])
+@pytest.mark.parametrize("name", sorted(MASKS))
+def test_mask_functions_match_the_loop(name, implementation):
+    q, k, v = _inputs(0)
+    fn, pair = MASKS[name]
+    out, _ = attention(q, k, v, fn, implementation=implementation, **CHUNKS)
+    out_ref, _ = reference.attention(q, k, v, pair)
+    np.testing.assert_allclose(out, out_ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("mask_name", [None, "causal", "segments"])
+def test_position_aware_score_matches_the_loop(mask_name):
+    q, k, v = _inputs(1)
+    fn, pair = MASKS[mask_name] if mask_name else (None, None)
+    out_ref, w_ref = reference.attention(q, k, v, pair, score=alibi_pair)
+    out_m, w_m = attention(q, k, v, fn, score=alibi)
+    out_c, _ = attention(q, k, v, fn, score=alibi, implementation="chunked", **CHUNKS)
+    np.testing.assert_allclose(w_m, w_ref, atol=1e-6)
+    np.testing.assert_allclose(out_m, out_ref, atol=1e-5)
+    np.testing.assert_allclose(out_c, out_ref, atol=1e-5)
+
+
+def test_mask_array_and_function_forms_agree_in_value_and_gradient():
+    q, k, v = _inputs(2)
+    fn = MASKS["window"][0]
+    array = masks.matrix(fn, LQ, LK)
+
+    def grads(mask, implementation):
+        loss = lambda q, k, v: jnp.sum(
+            jnp.sin(attention(q, k, v, mask, implementation=implementation, **CHUNKS)[0])
+        )
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+    expected = grads(array, "matrix")
+    for mask, implementation in ((fn, "matrix"), (fn, "chunked"), (array, "chunked")):
+        for a, b in zip(grads(mask, implementation), expected, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_alibi_and_causal_at_300_with_chunks_of_128():
+    # A score that sees only chunk-local positions would restart its distances every 128 rows.
+    length = 300
+    q, k, v = _inputs(3, lq=length, lk=length, d=8)
+
+    @functools.partial(jax.jit, static_argnames="implementation")
+    def value_and_grads(q, k, v, implementation):
+        def loss(q, k, v):
+            out, _ = attention(
+                q, k, v, masks.causal, score=alibi, implementation=implementation,
+                q_chunk=128, k_chunk=128,
+            )  # fmt: skip
+            return jnp.sum(jnp.sin(out)), out
+
+        return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+
+    (_, out_m), g_m = value_and_grads(q, k, v, "matrix")
+    (_, out_c), g_c = value_and_grads(q, k, v, "chunked")
+    np.testing.assert_allclose(out_c, out_m, atol=1e-5)
+    for a, b in zip(g_c, g_m, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    rows = [0, 127, 128, 299]  # chunk edges
+    out_ref, _ = reference.attention(
+        q[jnp.array(rows)], k, v, lambda i, j: j <= rows[i],
+        score=lambda q, k, i, j: alibi_pair(q, k, rows[i], j),
+    )  # fmt: skip
+    np.testing.assert_allclose(out_c[jnp.array(rows)], out_ref, atol=1e-5)
+
+
+def test_check_grads_position_aware_score_and_mask_function():
+    # Chunked only: the matrix form's gradients are checked equal to chunked's above.
+    with jax.enable_x64(True):
+        q, k, v = (x.astype(jnp.float64) for x in _inputs(6))
+        f = lambda q, k, v: attention(
+            q, k, v, MASKS["window"][0], score=alibi, implementation="chunked", **CHUNKS
+        )[0]
+        check_grads(jax.jit(f), (q, k, v), order=1, modes=("fwd", "rev"))
+
+
+def test_segment_mask_works_under_vmap_with_per_example_ids():
+    q, k, v = _inputs(4, lq=LK)
+    seg_BxL = jnp.asarray(np.stack([SEG, SEG[::-1]]))
+    one = lambda seg: attention(q, k, v, masks.segments(seg), implementation="chunked", **CHUNKS)
+    out_BxLxE = jax.jit(jax.vmap(lambda seg: one(seg)[0]))(seg_BxL)
+    for b in range(2):
+        s = np.asarray(seg_BxL[b])
+        out_ref, _ = reference.attention(q, k, v, lambda i, j, s=s: s[i] == s[j])
+        np.testing.assert_allclose(out_BxLxE[b], out_ref, atol=1e-5)
+
+
+def test_bad_masks_and_positional_scores_raise_clearly():
+    q, k, v = _inputs(5)
+    with pytest.raises(TypeError, match="mask function must return bool"):
+        attention(q, k, v, lambda qp, kp: (kp[None, :] <= qp[:, None]).astype(jnp.int32))
+    with pytest.raises(ValueError, match=r"mask function must return \[Lq, Lk\].*\(7,\)"):
+        attention(q, k, v, lambda qp, kp: qp > 2, implementation="chunked")
+    with pytest.raises(ValueError, match=r"mask function must return \[Lq, Lk\].*\(3, 10\)"):
+        attention(q, k, v, lambda qp, kp: jnp.ones((3, 10), bool))
+    with pytest.raises(ValueError, match="left must be an int >= 0"):
+        masks.sliding_window(-1, 0)
+    with pytest.raises(TypeError, match="both q_pos and k_pos"):
+        attention(q, k, v, score=lambda p, q, k, *, q_pos: q @ k.T)
+    with pytest.raises(ValueError, match=r"must return \[Lq, Lk\] = \(7, 10\).*\(7, 7\)"):
+        attention(q, k, v, score=lambda p, q, k: q @ q.T)
