@@ -134,7 +134,7 @@ _MULTI_DEVICE = textwrap.dedent(
 def test_eight_devices_give_the_same_per_step_loss(request, tfds_dir, tmp_path):
     env = {
         **os.environ,
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+        "XLA_FLAGS": f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count=8",
         "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}",
     }
     proc = subprocess.run(
