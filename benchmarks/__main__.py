@@ -1,6 +1,9 @@
 """Benchmarks: attention kernels, the train step against Flax, and accuracy against baselines.
 
   python -m benchmarks [attention|train|accuracy|all] [--out=benchmarks] [--quick]
+  python -m benchmarks imdb --imdb_path=DIR/aclImdb [--seeds=0,1,2]
+
+`all` is the first three; `imdb` (tens of minutes per seed on 2 cores) runs only when named.
 
 Writes `<out>/results.json` (sections not run keep their previous results), `<out>/REPORT.md`
 with every target stated as met or missed, and PNG plots; prints a table per section.
@@ -17,11 +20,18 @@ import time
 import jax
 from absl import flags
 
-from benchmarks import accuracy, attention, report, train_step
+from benchmarks import accuracy, attention, imdb, report, train_step
 from experiments import cli
 from experiments.cli import UserError
 
-SECTIONS = {"attention": attention.run, "train": train_step.run, "accuracy": accuracy.run}
+# name -> run(flags, previous results of the section) -> results of the section
+SECTIONS = {
+    "attention": lambda fv, prev: attention.run(fv.quick),
+    "train": lambda fv, prev: train_step.run(fv.quick),
+    "accuracy": lambda fv, prev: accuracy.run(fv.quick),
+    "imdb": lambda fv, prev: imdb.run(fv.quick, fv.imdb_path, fv.seeds, prev),
+}
+ALL = ("attention", "train", "accuracy")
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -31,13 +41,17 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_bool(
         "quick", False, "Tiny sizes, one repeat: a smoke test in seconds.", flag_values=fv
     )
+    flags.DEFINE_string(
+        "imdb_path", "", "aclImdb folder for `imdb`; empty = TFDS imdb_reviews.", flag_values=fv
+    )
+    flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds `imdb` trains.", flag_values=fv)
 
 
 def main(fv: flags.FlagValues, argv: list[str]) -> None:
     which = argv[1:] or ["all"]
     if len(which) != 1 or which[0] not in (*SECTIONS, "all"):
         raise UserError(f"benchmark must be one of {', '.join((*SECTIONS, 'all'))}; got {which}")
-    sections = list(SECTIONS) if which[0] == "all" else [which[0]]
+    sections = list(ALL) if which[0] == "all" else [which[0]]
     path = os.path.join(fv.out, "results.json")
     results = {}
     if os.path.exists(path):
@@ -48,7 +62,7 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
             raise UserError(f"cannot read previous results {path!r}: {e}") from None
     for name in sections:
         start = time.perf_counter()
-        results[name] = SECTIONS[name](fv.quick)
+        results[name] = SECTIONS[name](fv, results.get(name))
         results[name]["wall_s"] = time.perf_counter() - start
         results[name]["quick"] = fv.quick
         report.write(results, fv.out)

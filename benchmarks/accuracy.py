@@ -5,18 +5,24 @@ import tempfile
 import time
 
 import ml_collections
+import numpy as np
 
 from benchmarks import config_file, timing
-from experiments import train
+from experiments import metrics, train
 from experiments.data import datasets
 
 
 def tfidf_baseline(
-    data_cfg, *, grid: tuple[float, ...], sublinear: bool, max_train: int | None = None
+    data_cfg,
+    *,
+    grid: tuple[float, ...],
+    sublinear: bool,
+    analyzer: str = "char",
+    ngrams: tuple[int, int] = (1, 3),
+    max_train: int | None = None,
 ) -> dict:
-    """Char 1-3-gram TF-IDF + logistic regression: fit on train, C chosen on validation.
-
-    sublinear=True replaces each term frequency tf by 1 + log tf."""
+    """TF-IDF n-grams (`analyzer` "char" or "word") + logistic regression: fit on train, C chosen
+    on validation, test read once for that C. sublinear=True replaces each tf by 1 + log tf."""
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
 
@@ -24,7 +30,7 @@ def tfidf_baseline(
     split = datasets.load_splits(data_cfg)
     x_train, y_train = split["train"][0][:max_train], split["train"][1][:max_train]
     vec = TfidfVectorizer(
-        analyzer="char", ngram_range=(1, 3), lowercase=data_cfg.lowercase, sublinear_tf=sublinear
+        analyzer=analyzer, ngram_range=ngrams, lowercase=data_cfg.lowercase, sublinear_tf=sublinear
     )
     f_train = vec.fit_transform(x_train)
     f_val, f_test = (vec.transform(split[s][0]) for s in ("validation", "test"))
@@ -36,6 +42,7 @@ def tfidf_baseline(
     test_acc = float((models[best].predict(f_test) == split["test"][1]).mean())
     return {
         "test_accuracy": test_acc,
+        "features": f"{analyzer} {ngrams[0]}-{ngrams[1]}-grams",
         "sublinear_tf": sublinear,
         "best_C": best,
         "validation_accuracy": {str(c): a for c, a in val_acc.items()},
@@ -50,8 +57,12 @@ def train_variant(config: ml_collections.ConfigDict) -> dict:
         start = time.perf_counter()
         test = train.train_and_evaluate(config, workdir)
         wall = time.perf_counter() - start
+        rows = metrics.read(workdir)
+    rates = [r["examples_per_sec"] for r in rows if r["split"] == "train"]
     return {
         "test_accuracy": test["accuracy"],
+        "best_validation_accuracy": max(r["accuracy"] for r in rows if r["split"] == "validation"),
+        "examples_per_sec": float(np.median(rates)) if rates else None,
         "test_macro_f1": test["macro_f1"],
         "best_step": test["step"],
         "wall_s": wall,

@@ -108,6 +108,26 @@ def run_here(
     return subprocess.CompletedProcess([module, *args], status, out, err)
 
 
+def make_aclimdb(root: Path, per_class: int = 12) -> dict[str, dict[str, list[str]]]:
+    """A small folder laid out as Stanford's aclImdb_v1.tar.gz; returns {split: {label: texts}}."""
+    words = {"neg": "dull awful boring", "pos": "great moving superb"}
+    made: dict[str, dict[str, list[str]]] = {}
+    for split in ("train", "test"):
+        made[split] = {}
+        for label, w in words.items():
+            folder = root / split / label
+            folder.mkdir(parents=True)
+            made[split][label] = [f"{split} review {i}: {w} film" for i in range(per_class)]
+            for i, text in enumerate(made[split][label]):
+                (folder / f"{i}_{7 if label == 'pos' else 2}.txt").write_text(
+                    text, encoding="utf-8"
+                )
+    (root / "train" / "unsup").mkdir()
+    (root / "train" / "unsup" / "0_0.txt").write_text("unlabelled review", encoding="utf-8")
+    (root / "train" / "urls_pos.txt").write_text("http://example.invalid\n", encoding="utf-8")
+    return made
+
+
 def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> str:
     """Non-zero exit, no traceback, exactly one `error:` line on stderr (the last line)."""
     lines = [line for line in proc.stderr.splitlines() if line.strip()]

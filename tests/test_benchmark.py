@@ -8,7 +8,7 @@ import shutil
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import ROOT, tiny_config
+from conftest import ROOT, make_aclimdb, tiny_config
 
 from attn import classifier
 from benchmarks import __main__ as bench_main
@@ -90,7 +90,7 @@ def test_time_interleaved_alternates():
 
 def test_unknown_section_is_user_error(capsys):
     assert cli.run(bench_main.define_flags, bench_main.main, ["benchmarks", "speed"]) == 2
-    assert "attention, train, accuracy, all; got ['speed']" in capsys.readouterr().err
+    assert "attention, train, accuracy, imdb, all; got ['speed']" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -118,3 +118,24 @@ def test_flax_twin_ignores_padding():
     short, _ = jax.jit(model.apply)(variables, tokens[:, :3])
     padded, _ = jax.jit(model.apply)(variables, tokens)
     assert jnp.allclose(short, padded, atol=1e-5)
+
+
+def test_imdb_section_accumulates_seeds_and_reports_them(tmp_path, capsys):
+    make_aclimdb(tmp_path / "aclImdb", per_class=40)
+    argv = ["benchmarks", "imdb", "--quick", f"--out={tmp_path / 'out'}"]
+    argv.append(f"--imdb_path={tmp_path / 'aclImdb'}")
+    assert cli.run(bench_main.define_flags, bench_main.main, [*argv, "--seeds=0"]) == 0
+    assert cli.run(bench_main.define_flags, bench_main.main, [*argv, "--seeds=1"]) == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text(encoding="utf-8"))
+    sec = results["imdb"]
+    assert sorted(sec["seeds"]) == ["0", "1"]  # the second call kept the first seed
+    assert sec["tfidf_word12_sublinear_logreg"]["num_test"] == 80
+    # The generated reviews are separable by one word, so the baseline gets them all right.
+    assert sec["tfidf_word12_sublinear_logreg"]["test_accuracy"] == 1.0
+    target = sec["targets"]["beats_baseline"]
+    assert target["seeds"] == ["0", "1"] and target["met"] is False
+    written = (tmp_path / "out" / "REPORT.md").read_text(encoding="utf-8")
+    assert "## 4. IMDB" in written and "| seed 1 |" in written and "NBSVM" in written
+    bad = [*argv, "--seeds=0,x"]
+    assert cli.run(bench_main.define_flags, bench_main.main, bad) == 2
+    assert "--seeds must be non-negative integers" in capsys.readouterr().err

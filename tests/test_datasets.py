@@ -11,7 +11,7 @@ import ml_collections
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
-from conftest import assert_one_line_error, run_here
+from conftest import assert_one_line_error, make_aclimdb, run_here
 
 from experiments import cli, data_info
 from experiments.cli import UserError
@@ -197,28 +197,8 @@ def test_data_info_unknown_dataset(tmp_path, capsys):
     ]
 
 
-def _aclimdb(root: Path, per_class: int = 12) -> dict[str, dict[str, list[str]]]:
-    """A small folder laid out as Stanford's aclImdb_v1.tar.gz; returns {split: {label: texts}}."""
-    words = {"neg": "dull awful boring", "pos": "great moving superb"}
-    made: dict[str, dict[str, list[str]]] = {}
-    for split in ("train", "test"):
-        made[split] = {}
-        for label, w in words.items():
-            folder = root / split / label
-            folder.mkdir(parents=True)
-            made[split][label] = [f"{split} review {i}: {w} film" for i in range(per_class)]
-            for i, text in enumerate(made[split][label]):
-                (folder / f"{i}_{7 if label == 'pos' else 2}.txt").write_text(
-                    text, encoding="utf-8"
-                )
-    (root / "train" / "unsup").mkdir()
-    (root / "train" / "unsup" / "0_0.txt").write_text("unlabelled review", encoding="utf-8")
-    (root / "train" / "urls_pos.txt").write_text("http://example.invalid\n", encoding="utf-8")
-    return made
-
-
 def test_imdb_from_an_aclimdb_folder_keeps_its_split(tmp_path):
-    made = _aclimdb(tmp_path / "aclImdb")
+    made = make_aclimdb(tmp_path / "aclImdb")
     got = datasets.load_splits(_cfg(dataset="imdb_reviews", path=str(tmp_path / "aclImdb")))
     # The TFDS label order, so a checkpoint trained on either source reads the same labels.
     assert {names for _, _, names in got.values()} == {("neg", "pos")}
@@ -233,7 +213,7 @@ def test_imdb_from_an_aclimdb_folder_keeps_its_split(tmp_path):
 
 
 def test_imdb_folder_with_a_missing_part_is_named(tmp_path):
-    _aclimdb(tmp_path / "aclImdb")
+    make_aclimdb(tmp_path / "aclImdb")
     shutil.rmtree(tmp_path / "aclImdb" / "test" / "pos")
     with pytest.raises(UserError, match=r"not an aclImdb folder: test/pos/ has no \.txt"):
         datasets.load_splits(_cfg(dataset="imdb_reviews", path=str(tmp_path / "aclImdb")))
@@ -243,7 +223,7 @@ def test_imdb_folder_with_a_missing_part_is_named(tmp_path):
 
 
 def test_imdb_config_trains_from_an_aclimdb_folder(tmp_path, capsys):
-    made = _aclimdb(tmp_path / "aclImdb")
+    made = make_aclimdb(tmp_path / "aclImdb")
     flags = ["--config=configs/imdb.py:tiny", f"--config.data.path={tmp_path / 'aclImdb'}"]
     proc = run_here("experiments.train", *flags, f"--workdir={tmp_path / 'w'}", capsys=capsys)
     assert proc.returncode == 0, proc.stderr
