@@ -3,7 +3,8 @@
 Params tree (plain dicts, float32):
     {"embed": {"tokens": [V, D], "ngrams": [N, D] if ngram_buckets, "positions": [P, D] if learned},
      "layer_0" ... "layer_{n-1}": encoder params, "final_ln": layer norm,
-     "pool": {"w1": [D, d_a], "w2": [d_a, r]} if structured, "head": dense [D or r*D] -> C}
+     "pool": {"w1": [D, d_a], "w2": [d_a, r]} if structured, "head": dense [D or r*D] -> C,
+     "bag": [bag_buckets, C] if bag_buckets}
 """
 
 import dataclasses
@@ -13,7 +14,7 @@ import numbers
 import jax
 import jax.numpy as jnp
 
-from attn import encoder, layers, multihead, pooling, positions, scores
+from attn import bag, encoder, layers, multihead, pooling, positions, scores
 from attn.attention import IMPLEMENTATIONS, attention
 
 PAD, UNK = 0, 1
@@ -45,6 +46,9 @@ class ModelConfig:
     k_chunk: int = 128
     ngram_buckets: int = 0  # >0 adds hashed n-gram embeddings of the token ids (fastText-style)
     ngram_orders: tuple[int, ...] = (2, 3)
+    bag_buckets: int = 0  # >0 adds the logits of a linear model on the bag of hashed n-grams
+    bag_orders: tuple[int, ...] = (1, 2)
+    bag_dropout: float = 0.0  # drops whole n-grams from the bag in training
     dtype: str = "float32"  # compute dtype: "float32" | "bfloat16"; params stay float32
 
     def __post_init__(self):
@@ -93,21 +97,28 @@ class ModelConfig:
             )
         integer("q_chunk", 1)
         integer("k_chunk", 1)
+
+        def orders(name: str, buckets: str) -> None:
+            v = getattr(self, name)
+            if (
+                isinstance(v, str | bytes)
+                or not hasattr(v, "__iter__")
+                or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in v)
+                or any(n < 1 for n in v)
+                or len(set(v)) != len(v)
+                or (getattr(self, buckets) > 0 and len(v) == 0)
+            ):
+                raise ValueError(
+                    f"ModelConfig.{name} must be a non-empty tuple of distinct integers >= 1; "
+                    f"got {v!r}"
+                )
+            object.__setattr__(self, name, tuple(int(n) for n in v))
+
         integer("ngram_buckets", 0)
-        orders = self.ngram_orders
-        if (
-            isinstance(orders, str | bytes)
-            or not hasattr(orders, "__iter__")
-            or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in orders)
-            or any(n < 1 for n in orders)
-            or len(set(orders)) != len(orders)
-            or (self.ngram_buckets > 0 and len(orders) == 0)
-        ):
-            raise ValueError(
-                "ModelConfig.ngram_orders must be a non-empty tuple of distinct integers >= 1; "
-                f"got {orders!r}"
-            )
-        object.__setattr__(self, "ngram_orders", tuple(int(n) for n in orders))
+        orders("ngram_orders", "ngram_buckets")
+        integer("bag_buckets", 0)
+        orders("bag_orders", "bag_buckets")
+        rate("bag_dropout")
         choice("dtype", DTYPES)
 
     @property
@@ -151,6 +162,8 @@ def init(key: jax.Array, cfg: ModelConfig) -> dict:
             k_pool, cfg.d_model, cfg.pool_hidden, cfg.pool_hops
         )
     params["head"] = layers.dense_init(k_head, cfg.pooled_dim, cfg.num_classes)
+    if cfg.bag_buckets:
+        params["bag"] = jnp.zeros((cfg.bag_buckets, cfg.num_classes), jnp.float32)  # as ngrams
     return params
 
 
@@ -180,6 +193,11 @@ def ngram_buckets(tokens_BxL: jax.Array, orders: tuple[int, ...], buckets: int) 
     return jnp.stack(out).astype(jnp.int32)
 
 
+def _known(tokens_BxL: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """Ids outside [0, vocab_size) replaced by UNK."""
+    return jnp.where((tokens_BxL < 0) | (tokens_BxL >= cfg.vocab_size), UNK, tokens_BxL)
+
+
 def embed(params: dict, tokens_BxL: jax.Array, cfg: ModelConfig) -> jax.Array:
     """Token (+ hashed n-gram) (+ position) embeddings -> [B, L, D] float32; no n-grams on pads.
 
@@ -187,7 +205,7 @@ def embed(params: dict, tokens_BxL: jax.Array, cfg: ModelConfig) -> jax.Array:
     unknown token is what such an id means (indexing would clamp or wrap it silently).
     """
     length = tokens_BxL.shape[1]
-    tokens_BxL = jnp.where((tokens_BxL < 0) | (tokens_BxL >= cfg.vocab_size), UNK, tokens_BxL)
+    tokens_BxL = _known(tokens_BxL, cfg)
     x_BxLxD = params["embed"]["tokens"][tokens_BxL]
     if cfg.ngram_buckets:
         ids_NxBxL = ngram_buckets(tokens_BxL, cfg.ngram_orders, cfg.ngram_buckets)
@@ -315,6 +333,13 @@ def apply(
         a_BxRxL, pen_B = None, jnp.zeros((batch,), jnp.float32)
     pooled_BxP = layers.dropout(pooled_BxP, cfg.dropout, train=train, rng=r_pool)
     logits_BxC = layers.dense(params["head"], pooled_BxP.astype(jnp.float32))
+    if cfg.bag_buckets:
+        ids_NxBxL = ngram_buckets(_known(tokens_BxL, cfg), cfg.bag_orders, cfg.bag_buckets)
+        # fold_in rather than a third split: configs without the bag keep their random streams.
+        r_bag = jax.random.fold_in(rng, 1) if train else None
+        logits_BxC = logits_BxC + bag.logits(
+            params["bag"], ids_NxBxL, mask_BxL, dropout=cfg.bag_dropout, train=train, rng=r_bag
+        )
 
     nonempty_B = mask_BxL.any(-1).astype(jnp.float32)
     penalty = (pen_B * nonempty_B).sum() / jnp.maximum(nonempty_B.sum(), 1.0)

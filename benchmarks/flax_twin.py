@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from attn import classifier, positions
+from attn import bag, classifier, positions
 
 
 class Block(nn.Module):
@@ -76,7 +76,14 @@ class Classifier(nn.Module):
             eye = jnp.eye(cfg.pool_hops, dtype=jnp.float32)
             penalty = jnp.square(g_BxRxR - eye).sum((1, 2)).mean()
         pooled = nn.Dropout(cfg.dropout, deterministic=not train)(pooled)
-        return nn.Dense(cfg.num_classes, name="head")(pooled), penalty
+        logits = nn.Dense(cfg.num_classes, name="head")(pooled)
+        if cfg.bag_buckets:  # a linear model, not attention: the same function as ours
+            table = self.param("bag", nn.initializers.zeros, (cfg.bag_buckets, cfg.num_classes))
+            ids = classifier.ngram_buckets(tokens_BxL, cfg.bag_orders, cfg.bag_buckets)
+            drop = cfg.bag_dropout if train else 0.0
+            rng = self.make_rng("dropout") if drop else None
+            logits = logits + bag.logits(table, ids, mask_BxL, dropout=drop, train=train, rng=rng)
+        return logits, penalty
 
 
 def init_state(key: jax.Array, cfg: classifier.ModelConfig, tx: optax.GradientTransformation, L):

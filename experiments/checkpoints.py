@@ -127,6 +127,14 @@ def resume(mngr: ocp.CheckpointManager, state: Any, meta: dict, workdir: str) ->
 
 
 def _run_fields(meta: dict) -> dict:
-    """What must match to continue a run, as JSON has it (tuples are lists)."""
-    model = {k: list(v) if isinstance(v, tuple) else v for k, v in meta["model"].items()}
+    """What must match to continue a run, as JSON has it (tuples are lists). A field the
+    checkpoint predates takes its default, so adding a model field keeps old runs resumable."""
+    defaults = {
+        f.name: f.default
+        for f in dataclasses.fields(classifier.ModelConfig)
+        if f.default is not dataclasses.MISSING
+    }
+    model = {
+        k: list(v) if isinstance(v, tuple) else v for k, v in {**defaults, **meta["model"]}.items()
+    }
     return {**model, "ema": meta.get("ema", False)}

@@ -99,7 +99,7 @@ def test_unknown_section_is_user_error(capsys):
         dict(pooling="mean", ngram_buckets=11),
         dict(pooling="structured", positions="sinusoidal", num_layers=2),
         dict(pooling="cls", positions="none", num_classes=3),
-        dict(pooling="max"),
+        dict(pooling="max", bag_buckets=13),
     ],
 )
 def test_flax_twin_has_our_param_count(kw):

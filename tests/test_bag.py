@@ -1,0 +1,129 @@
+"""The bag-of-n-grams linear path: values against a plain-Python reference, invariances, dropout,
+and how the classifier adds it to its logits."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from attn import bag, classifier
+from attn.classifier import ModelConfig
+
+
+def _reference(table_VxC, ids_NxBxL, real_BxL) -> np.ndarray:
+    """Per row: the set of distinct ids of each order at real positions, summed and normalised."""
+    n_orders, batch, _ = ids_NxBxL.shape
+    out = np.zeros((batch, table_VxC.shape[1]))
+    for b in range(batch):
+        distinct = [
+            {int(i) for i, r in zip(ids_NxBxL[n, b], real_BxL[b], strict=True) if r}
+            for n in range(n_orders)
+        ]
+        count = sum(len(d) for d in distinct)
+        for d in distinct:
+            for i in d:
+                out[b] += table_VxC[i] / np.sqrt(max(count, 1))
+    return out
+
+
+def _inputs(seed=0, n=2, batch=5, length=12, vocab=7, classes=3):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab, (n, batch, length))  # few ids: many repeats
+    lengths = np.array([12, 7, 1, 0, 4])[:batch]
+    real = np.arange(length)[None] < lengths[:, None]
+    table = rng.normal(size=(vocab, classes)).astype(np.float32)
+    return table, ids, real
+
+
+def test_logits_match_the_reference():
+    table, ids, real = _inputs()
+    got = jax.jit(bag.logits)(table, ids, real)
+    np.testing.assert_allclose(got, _reference(table, ids, real), rtol=1e-5, atol=1e-6)
+    assert np.all(np.asarray(got)[3] == 0.0)  # an empty row has an empty bag
+
+
+def test_order_and_padding_length_do_not_matter():
+    table, ids, real = _inputs()
+    perm = np.random.default_rng(1).permutation(7)  # reorder the 7 real tokens of row 1
+    shuffled = ids.copy()
+    shuffled[:, 1, :7] = ids[:, 1, perm]
+    np.testing.assert_allclose(
+        bag.logits(table, shuffled, real)[1], bag.logits(table, ids, real)[1], rtol=1e-6
+    )
+    padded_ids = np.concatenate([ids, np.full(ids.shape[:2] + (5,), 3)], -1)
+    padded_real = np.concatenate([real, np.zeros(real.shape[:1] + (5,), bool)], -1)
+    np.testing.assert_allclose(
+        bag.logits(table, padded_ids, padded_real), bag.logits(table, ids, real), rtol=1e-6
+    )
+
+
+def test_dropout_only_in_training_and_unbiased():
+    table, ids, real = _inputs()
+    key = jax.random.key(0)
+    plain = bag.logits(table, ids, real)
+    np.testing.assert_array_equal(bag.logits(table, ids, real, dropout=0.5, rng=key), plain)
+    keys = jax.random.split(key, 4000)
+    drop = jax.vmap(lambda k: bag.logits(table, ids, real, dropout=0.5, train=True, rng=k))(keys)
+    assert not np.allclose(drop[0], plain)
+    # Inverted dropout: the mean over many masks is the undropped bag.
+    np.testing.assert_allclose(drop.mean(0), plain, atol=0.06)
+
+
+def test_classifier_adds_the_bag_to_its_logits():
+    kw = dict(vocab_size=30, d_model=8, num_heads=2, d_ff=16, max_len=16, num_classes=3)
+    cfg, plain_cfg = ModelConfig(**kw, bag_buckets=64, bag_orders=(1, 2)), ModelConfig(**kw)
+    tokens = jnp.array([[5, 9, 7, 11, 0, 0], [4, 4, 4, 0, 0, 0], [8, 3, 3, 6, 12, 13]])
+    params = classifier.init(jax.random.key(0), cfg)
+    assert params["bag"].shape == (64, 3) and not params["bag"].any()
+    rest = {k: v for k, v in params.items() if k != "bag"}
+    params["bag"] = jax.random.normal(jax.random.key(1), (64, 3))
+    got, _ = classifier.apply(params, tokens, cfg)
+    without, _ = classifier.apply(rest, tokens, plain_cfg)
+    ids = classifier.ngram_buckets(tokens, (1, 2), 64)
+    want = without + bag.logits(params["bag"], ids, tokens != classifier.PAD)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+    # Only the buckets of the text's n-grams get a gradient.
+    g = jax.grad(lambda p: classifier.apply(p, tokens[1:2], cfg)[0].sum())(params)["bag"]
+    touched = set(np.flatnonzero(np.abs(np.asarray(g)).sum(1)).tolist())
+    assert touched == set(np.unique(ids[:, 1, :3]).tolist())
+
+
+def test_without_the_bag_the_random_streams_are_unchanged():
+    """Adding the bag fields must not move any existing config's dropout masks."""
+    kw = dict(vocab_size=30, d_model=8, num_heads=2, d_ff=16, max_len=16, dropout=0.5)
+    tokens = jnp.array([[5, 9, 7, 11, 0, 0]])
+    cfg = ModelConfig(**kw, bag_buckets=16, bag_dropout=0.0)
+    params = classifier.init(jax.random.key(0), cfg)
+    plain = {k: v for k, v in params.items() if k != "bag"}
+    key = jax.random.key(3)
+    a, _ = classifier.apply(params, tokens, cfg, train=True, rng=key)
+    b, _ = classifier.apply(plain, tokens, ModelConfig(**kw), train=True, rng=key)
+    np.testing.assert_allclose(a, b, rtol=1e-6)  # the bag table is zero, so only dropout differs
+
+
+@pytest.mark.parametrize(
+    "kw, fragment",
+    [
+        (dict(bag_buckets=8, bag_orders=()), "bag_orders must be a non-empty tuple"),
+        (dict(bag_orders=(1, 1)), "bag_orders"),
+        (dict(bag_buckets=-1), "bag_buckets must be an integer >= 0"),
+        (dict(bag_dropout=1.0), "bag_dropout must be a float in [0, 1)"),
+    ],
+)
+def test_bad_bag_fields_are_named(kw, fragment):
+    with pytest.raises(ValueError, match=fragment.replace("[", r"\[").replace(")", r"\)")):
+        ModelConfig(vocab_size=30, **kw)
+
+
+def test_a_checkpoint_from_before_the_bag_fields_still_resumes():
+    from experiments import checkpoints
+
+    cfg = ModelConfig(vocab_size=30)
+    meta = checkpoints.new_meta(cfg, ("neg", "pos"), ema=False)
+    old = {**meta, "model": {k: v for k, v in meta["model"].items() if not k.startswith("bag_")}}
+    assert checkpoints._run_fields(old) == checkpoints._run_fields(meta)
+    other = checkpoints.new_meta(
+        ModelConfig(vocab_size=30, bag_buckets=8), ("neg", "pos"), ema=False
+    )
+    assert checkpoints._run_fields(old) != checkpoints._run_fields(other)
