@@ -13,8 +13,8 @@ def check_variant(arg: str | None, valid: tuple[str, ...], config_file: str) -> 
 
 
 def word_model(config: ml_collections.ConfigDict) -> None:
-    """The word-level model of the TFDS English configs (imdb.py, sst2.py): 2 layers of d=128,
-    no hashed n-grams and no adversarial loss (both tuned only on chinese_reviews)."""
+    """A word-level model for short English sentences (sst2.py): 2 layers of d=128, no hashed
+    n-grams and no adversarial loss (both tuned only on chinese_reviews)."""
     config.data.tokenizer = "word"
     config.model.d_model = 128
     config.model.num_layers = 2

@@ -55,6 +55,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.k_chunk = 128
     config.model.ngram_buckets = 1 << 17  # fewer hash collisions: +1 pt val over 1 << 16
     config.model.ngram_orders = (2, 3)
+    config.model.bag_buckets = 0  # >0 adds a linear model on the bag of hashed n-grams
+    config.model.bag_orders = (1, 2)
+    config.model.bag_dropout = 0.0
     config.model.dtype = "float32"
 
     config.optim = ml_collections.ConfigDict()
