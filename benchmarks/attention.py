@@ -10,6 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from attn import masks
 from attn.attention import attention as attend
 from benchmarks import timing
 
@@ -152,7 +153,40 @@ def run(quick: bool) -> dict:
         "max_temp_bytes": MAX_TEMP_BYTES,
         "flops_note": "fwd 4·B·H·L²·D, fwd_bwd 3× that (no recomputation counted)",
         "rows": rows,
-        "targets": targets(rows),
+        "scaling": (scaling := chunked_scaling(quick)),
+        "targets": {**targets(rows), "chunked_linear": linear_target(scaling)},
+    }
+
+
+def chunked_scaling(quick: bool) -> list[dict]:
+    """XLA temp memory of chunked fwd+bwd on one head (d=64, 128x128 chunks) as L doubles, with
+    no mask and with `masks.causal`: compiled only, so exact and independent of machine load."""
+    rows = []
+    for length in (64, 128, 256) if quick else (8192, 16384, 32768):
+        spec = jax.ShapeDtypeStruct((length, 64), jnp.float32)
+        for mask in ("none", "causal"):
+
+            def loss(q, k, v, mask=mask):
+                fn = masks.causal if mask == "causal" else None
+                return attend(q, k, v, fn, implementation="chunked")[0].sum()
+
+            grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+            temp = grad.lower(spec, spec, spec).compile().memory_analysis().temp_size_in_bytes
+            rows.append({"L": length, "mask": mask, "temp_bytes": int(temp)})
+            print(f"chunked fwd+bwd, one head, L={length} mask={mask}: {temp / 2**20:.1f} MiB")
+    return rows
+
+
+def linear_target(scaling: list[dict]) -> dict:
+    """Memory linear in L: 4x the length needs at most 4.4x the temp memory (10% slack)."""
+    plain = sorted((r["L"], r["temp_bytes"]) for r in scaling if r["mask"] == "none")
+    (l0, m0), (l1, m1) = plain[0], plain[-1]
+    ratio = m1 / m0
+    return {
+        "target": f"chunked fwd+bwd temp memory linear in L: L={l1} / L={l0} <= "
+        f"{1.1 * l1 / l0:.1f}x",
+        "ratio": ratio,
+        "met": ratio <= 1.1 * l1 / l0,
     }
 
 

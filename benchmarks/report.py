@@ -127,8 +127,25 @@ def _attention_md(att: dict, out: str) -> list[str]:
         f"- {lg['target']}: {_met(lg)}; chunked {_num(lg['chunked_time_s'], '.1f')} s with "
         f"{lg['chunked_temp_bytes'] / 2**20:.0f} MiB temp; matrix would need "
         f"{lg['matrix_temp_bytes'] / attention.GIB:.1f} GiB.",
-        "",
     ]
+    if "scaling" in att:
+        lin = t["chunked_linear"]
+        lines += [
+            f"- {lin['target']}: {_met(lin)}; {lin['ratio']:.2f}x.",
+            "",
+            "Chunked fwd+bwd XLA temp memory on one head (d=64, 128x128 chunks), compiled only. "
+            "Each query chunk is rematerialised in the backward pass, and `masks.causal` is a "
+            "function of positions, so a causal mask costs no [L, L] array:",
+            "",
+            "| L | no mask (MiB) | causal (MiB) |",
+            "|---|---|---|",
+        ]
+        by = {(r["L"], r["mask"]): r["temp_bytes"] / 2**20 for r in att["scaling"]}
+        for length in sorted({r["L"] for r in att["scaling"]}):
+            lines.append(
+                f"| {length} | {by[(length, 'none')]:.1f} | {by[(length, 'causal')]:.1f} |"
+            )
+    lines.append("")
     for name in plot_attention(att, out):
         lines += [f"![{name}]({name})", ""]
     return lines

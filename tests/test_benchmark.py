@@ -54,7 +54,11 @@ def test_attention_rows(quick_attention):
         if r["method"] == "jax.nn":
             assert r["time_ratio_vs_jax_nn"] == 1.0
     targets = att["targets"]
-    assert set(targets) == {"matrix_speed", "chunked_memory", "chunked_long"}
+    assert set(targets) == {"matrix_speed", "chunked_memory", "chunked_long", "chunked_linear"}
+    assert [(r["L"], r["mask"]) for r in att["scaling"]] == [
+        (n, m) for n in (64, 128, 256) for m in ("none", "causal")
+    ]
+    assert all(r["temp_bytes"] > 0 for r in att["scaling"])
     assert all(isinstance(t["met"], bool) for t in targets.values())
     assert [x["L"] for x in targets["matrix_speed"]["ratios"]] == [32, 64]
     # At L=64 the naive form fits easily, so "runs where the naive form does not" is false.
@@ -67,6 +71,7 @@ def test_report_of_a_quick_attention_run(quick_attention, tmp_path):
     assert "## 1. Attention" in written and "## 2. Train step" not in written
     assert "; --quick._" in written
     assert all(f"| 32 | 8 | fwd | {m} |" in written for m in attention.METHODS)
+    assert "| 256 |" in written and "chunked fwd+bwd temp memory linear in L" in written
 
 
 def test_tfidf_baseline_separates_the_classes(tfds_dir):
