@@ -8,6 +8,12 @@ Splits are 80/10/10 by a stable hash of each text; label names come from the dat
 missing field, empty text or undecodable bytes are reported with their line numbers, and the run
 stops when more than config.data.max_bad_fraction of them are bad.
 
+The tokenizer, the length, the number of epochs, warmup and the evaluation and checkpoint
+intervals are chosen from the training split (`experiments/defaults.py`: characters for Chinese or
+Japanese, words otherwise; the 95th-percentile length; about 40,000 examples seen), printed when
+the run starts and recorded in the workdir's config.json. Any of them can still be set, e.g.
+`--config.data.tokenizer=char --config.data.max_len=128`.
+
 Variants: (none) = the default config's model; `tiny` for tests.
 """
 
@@ -21,5 +27,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config = default.get_config(arg)
     with config.unlocked():
         config.data.dataset = "file"
-        config.data.tokenizer = "char"
+        if arg != "tiny":
+            config.data.tokenizer = "auto"
+            config.data.max_len = 0  # 0 = chosen from the data, as the fields below
+            config.train.num_epochs = 0
+            config.optim.warmup_steps = -1
+            config.train.eval_every_steps = 0
+            config.train.checkpoint_every_steps = 0
+        else:
+            config.data.tokenizer = "char"
     return config

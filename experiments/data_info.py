@@ -12,7 +12,7 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import cli
+from experiments import cli, defaults
 from experiments.cli import UserError
 from experiments.data import encoding, tokenizers
 
@@ -61,7 +61,7 @@ def define_flags(fv: flags.FlagValues) -> None:
 def main(fv: flags.FlagValues, argv: list[str]) -> None:
     if fv.config is None:
         raise UserError("--config is required, e.g. --config=configs/default.py")
-    print(describe(fv.config.data))
+    print(describe(defaults.resolve(fv.config).data))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,17 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import checkpoints, cli, devices, forward, optimization, plots, progress, workdirs
+from experiments import (
+    checkpoints,
+    cli,
+    defaults,
+    devices,
+    forward,
+    optimization,
+    plots,
+    progress,
+    workdirs,
+)
 from experiments.checkpoints import BEST, LAST
 from experiments.cli import UserError
 from experiments.data import batching, encoding
@@ -26,6 +36,7 @@ from experiments.data.splits import SPLITS
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Trains, keeps the best-on-validation checkpoint, and returns its test metrics."""
+    config = defaults.resolve(config)
     d, t, o = config.data, config.train, config.optim
     optimization.check_optim(o)
     workdirs.check_writable(workdir)

@@ -114,7 +114,7 @@ CASES = {
             "--workdir={w}",
             "--config.model.depth=2",
         ],
-        ["unknown config field 'model.depth'", "config.model has d_ff, d_model"],
+        ["unknown config field 'model.depth'", "config.model has bag_buckets, bag_dropout"],
     ),
     "bad override value": (
         None,

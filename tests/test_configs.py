@@ -6,7 +6,7 @@ import pytest
 from conftest import ROOT, run_here
 
 from attn import classifier
-from experiments import optimization
+from experiments import defaults, optimization
 
 VARIANTS = {
     "default": (None, "tiny", "structured"),
@@ -23,10 +23,16 @@ def test_every_config_file_is_listed():
 
 
 @pytest.mark.parametrize("name", VARIANTS)
-def test_variants_load_and_make_a_valid_model(name):
+def test_variants_load_and_make_a_valid_model(name, tmp_path):
     module = importlib.import_module(f"configs.{name}")
+    reviews = tmp_path / "reviews.csv"
+    reviews.write_text("text,label\n" + "".join(f"review {i},{i % 2}\n" for i in range(60)))
     for arg in VARIANTS[name]:
         config = module.get_config(arg)
+        if defaults.needs_data(config):  # configs/csv.py leaves some fields to the data
+            with config.unlocked():
+                config.data.path = str(reviews)
+            config = defaults.resolve(config)
         optimization.check_optim(config.optim)
         cfg = optimization.model_config(config, vocab_size=100, num_classes=2)
         assert isinstance(cfg, classifier.ModelConfig) and cfg.max_len == config.data.max_len

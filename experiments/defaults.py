@@ -1,0 +1,80 @@
+"""Settings a config leaves to the data: the tokenizer, the length, the schedule.
+
+`configs/csv.py` marks them `auto` (the tokenizer) or 0 (max_len, num_epochs, eval and checkpoint
+intervals; warmup_steps -1), because a user's data may be Chinese sentences or English essays.
+`resolve` fills them from the training split and returns a new config, which the run then records
+in `config.json`; a field set to anything else is kept as given. The rules:
+
+- tokenizer: `char` when more than 30% of the non-space characters are CJK, else `word`.
+- max_len: the 95th percentile of the training texts' lengths in those tokens, rounded up to a
+  multiple of 32 and kept in [32, 512]; buckets at 1/4, 1/2, 3/4 and all of it.
+- num_epochs: about 40,000 examples seen (3 epochs of the embedded data's 13,875), 2 to 10 epochs.
+- warmup_steps: 7.5% of the steps; eval_every_steps: 1/13 of them; checkpoints twice as far apart.
+"""
+
+import math
+import re
+import sys
+
+import ml_collections
+import numpy as np
+
+from experiments.data import batching, datasets, tokenizers
+
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+_SAMPLE = 5000  # texts looked at for the script and the lengths: enough for a 95th percentile
+
+
+def needs_data(config: ml_collections.ConfigDict) -> bool:
+    d, o, t = config.data, config.optim, config.train
+    return (
+        d.tokenizer == "auto"
+        or d.max_len == 0
+        or t.num_epochs == 0
+        or o.warmup_steps == -1
+        or t.eval_every_steps == 0
+        or t.checkpoint_every_steps == 0
+    )
+
+
+def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """`config` with every data-chosen field filled from the train split (printed on stderr)."""
+    if not needs_data(config):
+        return config
+    texts = datasets.load_splits(config.data, ("train",))["train"][0]
+    out = ml_collections.ConfigDict(config.to_dict())
+    d, o, t = out.data, out.optim, out.train
+    sample = texts[:: max(1, len(texts) // _SAMPLE)]
+    said = []
+    if d.tokenizer == "auto":
+        share = cjk_share(sample)
+        d.tokenizer = "char" if share > 0.3 else "word"
+        said.append(f"tokenizer={d.tokenizer} ({share:.0%} of characters CJK)")
+    if d.max_len == 0:
+        split = list if d.tokenizer == "char" else tokenizers.split_words
+        p95 = float(np.percentile([len(split(s.strip())) for s in sample], 95))
+        d.max_len = int(min(max(32 * math.ceil(p95 / 32), 32), 512))
+        d.buckets = tuple(sorted({max(8, d.max_len * i // 4) for i in (1, 2, 3, 4)}))
+        said.append(f"max_len={d.max_len} (95% of texts have <= {p95:.0f} tokens)")
+    if t.num_epochs == 0:
+        t.num_epochs = int(min(max(round(40_000 / max(len(texts), 1)), 2), 10))
+        said.append(f"num_epochs={t.num_epochs} ({len(texts):,} training texts)")
+    total = t.max_steps or t.num_epochs * batching.steps_per_epoch(len(texts), d.batch_size)
+    if o.warmup_steps == -1:
+        o.warmup_steps = round(0.075 * total)
+        said.append(f"warmup_steps={o.warmup_steps}")
+    if t.eval_every_steps == 0:
+        t.eval_every_steps = max(total // 13, 1)
+        said.append(f"eval_every_steps={t.eval_every_steps}")
+    if t.checkpoint_every_steps == 0:
+        t.checkpoint_every_steps = 2 * t.eval_every_steps
+        said.append(f"checkpoint_every_steps={t.checkpoint_every_steps}")
+    print(f"chosen from the data: {', '.join(said)}", file=sys.stderr)
+    out.lock()
+    return out
+
+
+def cjk_share(texts: list[str]) -> float:
+    """Fraction of the non-space characters of `texts` that are CJK ideographs, kana or hangul."""
+    chars = sum(len(s) - s.count(" ") for s in texts)
+    return sum(len(_CJK.findall(s)) for s in texts) / max(chars, 1)

@@ -1,0 +1,89 @@
+"""Settings chosen from the data (configs/csv.py): the rules, overrides kept, what a run records."""
+
+import csv
+import json
+
+import pytest
+from conftest import run_here
+
+from configs import csv as csv_config
+from configs import default
+from experiments import defaults
+
+_EN = "the film was {} and the plot {} so i would {} it to a friend who likes quiet dramas"
+_ZH = "这本书的内容{}，读起来{}，推荐给{}的朋友"
+
+
+_EN_WORDS = [("great", "moved me", "recommend"), ("dull", "dragged", "never show")]
+_ZH_WORDS = [("很精彩", "很流畅", "喜欢读书"), ("很无聊", "很费劲", "没有耐心")]
+
+
+def _write(path, n: int, template: str, words=_EN_WORDS) -> str:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        for i in range(n):
+            label = i % 2
+            w.writerow([template.format(*words[label]) + f" {i}", "pos" if label == 0 else "neg"])
+    return str(path)
+
+
+def _config(path: str, **overrides):
+    config = csv_config.get_config()
+    with config.unlocked():
+        config.data.path = path
+        for key, value in overrides.items():
+            section, field = key.split("__")
+            config[section][field] = value
+    return config
+
+
+def test_english_gets_words_and_its_length(tmp_path, capsys):
+    config = defaults.resolve(_config(_write(tmp_path / "en.csv", 200, _EN)))
+    d, t, o = config.data, config.train, config.optim
+    assert d.tokenizer == "word"
+    assert d.max_len == 32 and d.buckets == (8, 16, 24, 32)  # 19-20 words per text
+    n_train = 200 * 0.8  # about: the hash split
+    assert t.num_epochs == 10  # 40,000 examples would be 250 epochs: capped
+    steps = t.num_epochs * -(-int(n_train) // d.batch_size)
+    assert abs(o.warmup_steps - 0.075 * steps) <= 2
+    assert t.checkpoint_every_steps == 2 * t.eval_every_steps and t.eval_every_steps >= 1
+    err = capsys.readouterr().err
+    assert "chosen from the data: tokenizer=word" in err and "max_len=32" in err
+
+
+def test_chinese_gets_characters(tmp_path):
+    config = defaults.resolve(_config(_write(tmp_path / "zh.csv", 100, _ZH, _ZH_WORDS)))
+    assert config.data.tokenizer == "char" and config.data.max_len == 32  # 26-29 characters
+
+
+def test_what_the_user_sets_is_kept(tmp_path):
+    path = _write(tmp_path / "en.csv", 200, _EN)
+    config = defaults.resolve(
+        _config(path, data__tokenizer="char", data__max_len=100, train__num_epochs=3)
+    )
+    assert (config.data.tokenizer, config.data.max_len, config.train.num_epochs) == ("char", 100, 3)
+    assert config.data.buckets == default.get_config().data.buckets  # set with max_len, kept
+    # A config with nothing left to the data is returned as is, without reading it.
+    plain = default.get_config()
+    assert defaults.resolve(plain) is plain
+
+
+def test_a_run_records_what_was_chosen(tmp_path, capsys):
+    path = _write(tmp_path / "en.csv", 120, _EN)
+    flags = ["--config=configs/csv.py", f"--config.data.path={path}"]
+    flags += ["--config.train.max_steps=2", "--config.model.d_model=8", "--config.model.d_ff=8"]
+    proc = run_here("experiments.train", *flags, f"--workdir={tmp_path / 'w'}", capsys=capsys)
+    assert proc.returncode == 0, proc.stderr
+    recorded = json.loads((tmp_path / "w" / "config.json").read_text(encoding="utf-8"))
+    assert recorded["data"]["tokenizer"] == "word" and recorded["data"]["max_len"] == 32
+    assert recorded["train"]["eval_every_steps"] == 1  # 2 steps / 13, at least 1
+    assert recorded["optim"]["warmup_steps"] == 0
+
+
+@pytest.mark.parametrize(
+    "texts, share",
+    [(["abc def"], 0.0), (["这本书"], 1.0), (["好 ok"], 1 / 3), ([""], 0.0)],
+)
+def test_cjk_share(texts, share):
+    assert defaults.cjk_share(texts) == pytest.approx(share)
