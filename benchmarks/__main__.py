@@ -2,8 +2,10 @@
 
   python -m benchmarks [attention|train|accuracy|all] [--out=benchmarks] [--quick]
   python -m benchmarks imdb --imdb_path=DIR/aclImdb [--seeds=0,1,2]
+  python -m benchmarks lra
 
-`all` is the first three; `imdb` (tens of minutes per seed on 2 cores) runs only when named.
+`all` is the first three; `imdb` (tens of minutes per seed on 2 cores) and `lra` (the cost of the
+Long Range Arena configs) run only when named.
 
 Writes `<out>/results.json` (sections not run keep their previous results), `<out>/REPORT.md`
 with every target stated as met or missed, and PNG plots; prints a table per section.
@@ -20,7 +22,7 @@ import time
 import jax
 from absl import flags
 
-from benchmarks import accuracy, attention, imdb, report, train_step
+from benchmarks import accuracy, attention, imdb, lra, report, train_step
 from experiments import cli
 from experiments.cli import UserError
 
@@ -30,6 +32,7 @@ SECTIONS = {
     "train": lambda fv, prev: train_step.run(fv.quick),
     "accuracy": lambda fv, prev: accuracy.run(fv.quick),
     "imdb": lambda fv, prev: imdb.run(fv.quick, fv.imdb_path, fv.seeds, prev),
+    "lra": lambda fv, prev: lra.run(fv.quick),
 }
 ALL = ("attention", "train", "accuracy")
 

@@ -95,7 +95,7 @@ def test_time_interleaved_alternates():
 
 def test_unknown_section_is_user_error(capsys):
     assert cli.run(bench_main.define_flags, bench_main.main, ["benchmarks", "speed"]) == 2
-    assert "attention, train, accuracy, imdb, all; got ['speed']" in capsys.readouterr().err
+    assert "attention, train, accuracy, imdb, lra, all; got ['speed']" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -144,3 +144,14 @@ def test_imdb_section_accumulates_seeds_and_reports_them(tmp_path, capsys):
     bad = [*argv, "--seeds=0,x"]
     assert cli.run(bench_main.define_flags, bench_main.main, bad) == 2
     assert "--seeds must be non-negative integers" in capsys.readouterr().err
+
+
+def test_lra_cost_section(tmp_path, capsys):
+    argv = ["benchmarks", "lra", "--quick", f"--out={tmp_path}"]
+    assert cli.run(bench_main.define_flags, bench_main.main, argv) == 0
+    (row,) = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))["lra"]["rows"]
+    assert row["step_s"] > 0 and row["step_gflop"] > 0 and row["total_steps"] > 0
+    assert row["hours_here"] == pytest.approx(row["total_steps"] * row["step_s"] / 3600)
+    assert "## 5. Long Range Arena text: cost" in (tmp_path / "REPORT.md").read_text(
+        encoding="utf-8"
+    )
