@@ -285,7 +285,7 @@ def _lra_md(sec: dict) -> list[str]:
         "## 5. Long Range Arena text: cost",
         "",
         "`configs/lra_text.py` (UTF-8 bytes, 4 layers, d=256) at its longest bucket: one train "
-        "step measured here (median of 3 after compiling, random bytes), and the whole run "
+        "step measured here (one step after compiling, random bytes), and the whole run "
         "(10 epochs of 22,500 reviews) estimated from it. The accelerator columns divide the "
         f"step's matmul FLOPs by {sec['utilisation']:.0%} of each chip's dense bf16 peak: "
         "estimates, not measurements. Command: `python -m benchmarks lra`.",
