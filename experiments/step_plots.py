@@ -69,7 +69,6 @@ def score_titles(score: str, d_head: int) -> tuple[str, str]:
 
 
 def _matrix(
-    fig: plt.Figure,
     ax: plt.Axes,
     m_RxC: np.ndarray,
     h: Head,
@@ -79,11 +78,13 @@ def _matrix(
     keys_on_columns: bool,
     query: int | None,
     numbers: bool,
+    bar_aspect: float,
+    weights: bool = False,
 ) -> None:
-    """One panel: tokens label the rows; columns are keys (tokens) or feature indices."""
+    """One panel: tokens label the rows; columns are keys (tokens) or feature indices. Weights
+    are shaded from 0 with masked keys grey; other values red above 0 and blue below."""
     rows, cols = m_RxC.shape
-    is_weights = title.startswith("softmax")
-    if is_weights:
+    if weights:
         cmap = plt.get_cmap("Oranges").with_extremes(bad=MASKED_COLOR)
         shown = np.ma.masked_array(m_RxC, np.broadcast_to(~h.allowed_L, m_RxC.shape))
         im = ax.imshow(shown, cmap=cmap, vmin=0.0, vmax=float(m_RxC.max()) or 1.0, aspect="auto")
@@ -94,7 +95,7 @@ def _matrix(
     if keys_on_columns:
         plots.token_ticks(ax, "x", h.tokens)
         for j in np.flatnonzero(~h.allowed_L):
-            if not is_weights:  # scores exist for masked keys; the softmax ignores them
+            if not weights:  # scores exist for masked keys; the softmax ignores them
                 ax.add_patch(
                     patches.Rectangle(
                         (j - 0.5, -0.5), 1, rows, fill=False, hatch="///", ec=MASKED_COLOR, lw=0
@@ -109,7 +110,7 @@ def _matrix(
     if numbers:
         for i in range(rows):
             for j in range(cols):
-                if is_weights and not h.allowed_L[j]:
+                if weights and not h.allowed_L[j]:
                     continue
                 v = m_RxC[i, j]
                 dark = abs(v) > 0.6 * float(np.abs(m_RxC).max())
@@ -117,7 +118,7 @@ def _matrix(
                 ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6.5, color=color)
     ax.set_title(title, fontsize=9)
     ax.set_xlabel(shape, fontsize=8)
-    fig.colorbar(im, ax=ax, fraction=0.12, pad=0.03, aspect=15)
+    ax.figure.colorbar(im, ax=ax, fraction=0.12, pad=0.03, aspect=bar_aspect)
 
 
 def _bars(ax: plt.Axes, values_L: np.ndarray, h: Head, title: str, *, weights: bool) -> None:
@@ -136,12 +137,14 @@ def _bars(ax: plt.Axes, values_L: np.ndarray, h: Head, title: str, *, weights: b
     for bar, a in zip(bars, allowed, strict=True):
         if not a:
             bar.set_hatch("///")
-            bar.set_height(0.0)
     if n <= 24:
         labels = [f"{v:.2f}" if a else "masked" for v, a in zip(values_L, allowed, strict=True)]
         ax.bar_label(bars, labels, fontsize=7, padding=2, rotation=90 if n > 12 else 0)
     ax.axhline(0.0, color="black", lw=0.6)
-    ax.margins(y=0.25)
+    # Room for the value labels on both sides of 0 (bars stop autoscaling at 0).
+    low, high = min(float(shown.min()), 0.0), max(float(shown.max()), 0.0)
+    room = 0.25 * (high - low) or 0.1
+    ax.set_ylim(low - room if low < 0 else 0.0, high + room)
     plots.token_ticks(ax, "x", h.tokens)
     ax.set_xlabel("key", fontsize=8)
     ax.set_title(title, fontsize=9)
@@ -173,20 +176,24 @@ def plot_steps(h: Head, *, score: str, query: int, title: str, x_title: str, pat
         )
         ax_x, ax_q, ax_k, ax_v = top.subplots(1, 4, width_ratios=row1)
         ax_raw, ax_scaled, ax_w, ax_out = middle.subplots(1, 4, width_ratios=row2)
-        features = {"keys_on_columns": False, "numbers": False}
-        _matrix(fig, ax_x, h.x_LxD, h, x_title, shapes["tokens"], query=None, **features)
-        _matrix(fig, ax_q, h.q_LxK, h, "Q = X Wq", shapes["head"], query=query, **features)
-        _matrix(fig, ax_k, h.k_LxK, h, "K = X Wk", shapes["head"], query=None, **features)
-        _matrix(fig, ax_v, h.v_LxK, h, "V = X Wv", shapes["head"], query=None, **features)
-        square = {"keys_on_columns": True, "numbers": numbers, "query": query}
-        _matrix(fig, ax_raw, h.raw_LxL, h, raw_title, shapes["square"], **square)
-        _matrix(fig, ax_scaled, h.scaled_LxL, h, scaled_title, shapes["square"], **square)
-        _matrix(
-            fig, ax_w, h.weights_LxL, h, "softmax over keys: weights", shapes["square"], **square
-        )
-        _matrix(
-            fig, ax_out, h.out_LxK, h, "output = weights V", shapes["head"], query=query, **features
-        )
+        # Colorbars about 0.16 inch wide and as tall as their panel, even beside narrow panels.
+        bar_aspect = max(length * cell / 0.16, 8.0)
+        features = {"keys_on_columns": False, "numbers": False, "bar_aspect": bar_aspect}
+        _matrix(ax_x, h.x_LxD, h, x_title, shapes["tokens"], query=None, **features)
+        _matrix(ax_q, h.q_LxK, h, "Q = X Wq", shapes["head"], query=query, **features)
+        _matrix(ax_k, h.k_LxK, h, "K = X Wk", shapes["head"], query=None, **features)
+        _matrix(ax_v, h.v_LxK, h, "V = X Wv", shapes["head"], query=None, **features)
+        square = {
+            "keys_on_columns": True,
+            "numbers": numbers,
+            "query": query,
+            "bar_aspect": bar_aspect,
+        }
+        _matrix(ax_raw, h.raw_LxL, h, raw_title, shapes["square"], **square)
+        _matrix(ax_scaled, h.scaled_LxL, h, scaled_title, shapes["square"], **square)
+        title_w = "softmax over keys: weights"
+        _matrix(ax_w, h.weights_LxL, h, title_w, shapes["square"], weights=True, **square)
+        _matrix(ax_out, h.out_LxK, h, "output = weights V", shapes["head"], query=query, **features)
         ax_before, ax_after = bottom.subplots(1, 2)
         who = f"query {query} '{h.tokens[query]}'"
         _bars(

@@ -5,12 +5,15 @@ choices are one-line errors that write nothing."""
 import math
 import os
 
+import jax
 import numpy as np
 import pytest
 from conftest import assert_one_line_error, run, run_here, tree_hash
+from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 import attn
-from attn import classifier
+from attn import classifier, multihead, scores
 from experiments import attention_page, forward, step_plots, visualize, workdirs
 
 TEXTS = ["很好看", "质量太差了，不推荐"]
@@ -180,3 +183,36 @@ def test_help_names_the_files_it_writes():
         assert name in proc.stdout
     for name in ("attention.html", "curves.png", "--steps", "--query", "--window"):
         assert name in proc.stdout
+
+
+@pytest.mark.parametrize("score", sorted(scores.SCORES))
+def test_steps_figure_names_the_score_shapes_and_masked_keys(score, tmp_path, monkeypatch):
+    params = multihead.init(jax.random.key(0), 8, 2, score=score)
+    x_LxD = jax.random.normal(jax.random.key(1), (5, 8))
+    allowed_L = np.array([True, True, True, False, False])
+    st = multihead.steps(params, x_LxD, allowed_L, num_heads=2, score=score)
+    h = step_plots.head_view(st, 1, list("abcde"), allowed_L)
+    texts = []
+    real_savefig = Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        texts.extend(t.get_text() for t in fig.findobj(Text))
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    path = str(tmp_path / "steps.png")
+    step_plots.plot_steps(h, score=score, query=1, title="t", x_title="X", path=path)
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    raw_title, scaled_title = step_plots.score_titles(score, 4)
+    assert raw_title in texts and scaled_title in texts
+    assert step_plots.SCORE_FORMULAS[score] in raw_title and score in raw_title
+    assert ("√4" in scaled_title) == (score == "scaled_dot")
+    for shape in (
+        "5 × 8  (tokens × d_model)",
+        "5 × 4  (tokens × d_head)",
+        "5 × 5  (queries × keys)",
+    ):
+        assert shape in texts
+    assert texts.count("masked") == 4  # two masked keys in each of the two bar charts
+    assert "masked key (padding): weight exactly 0" in texts
