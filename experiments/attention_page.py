@@ -22,15 +22,27 @@ td,th{border:1px solid #ddd;padding:1px 3px;text-align:right}
 th{background:#f3f3f3;font-family:sans-serif}
 tr.query td{border-top:2px solid #000;border-bottom:2px solid #000}
 td.masked{background:#9e9e9e;color:#fff}
+td.ignored{background-image:repeating-linear-gradient(45deg,#0000 0 4px,#9e9e9e99 4px 6px)}
 .shape{font-size:0.8em;color:#555}
 """
 
 
-def _signed(v: float, bound: float) -> str:
-    """Red for positive, blue for negative, stronger with |v| relative to the panel's largest."""
-    a = 0.75 * min(abs(v) / bound, 1.0) if bound else 0.0
-    rgb = "192,57,43" if v >= 0 else "46,109,164"
-    return f"background:rgba({rgb},{a:.2f})"
+def _cells(values: np.ndarray, allowed: np.ndarray, *, weights: bool, keys: bool) -> str:
+    """One row's cells. Weights are orange from 0, other values red above 0 and blue below, each
+    stronger with |value| relative to the largest over allowed keys. On key columns, a weight of a
+    masked key is grey and a score of one striped (computed, but ignored by the softmax)."""
+    masked = ~allowed if keys else np.zeros(len(values), bool)
+    bound = float(np.abs(values[~masked]).max()) if (~masked).any() else 0.0
+    cells = []
+    for v, m in zip(values, masked, strict=True):
+        if m and weights:
+            cells.append("<td class='masked'>masked</td>")
+            continue
+        a = 0.8 * min(abs(v) / bound, 1.0) if bound else 0.0
+        rgb = "230,126,34" if weights else "192,57,43" if v >= 0 else "46,109,164"
+        cls = " class='ignored'" if m else ""
+        cells.append(f"<td{cls} style='background-color:rgba({rgb},{a:.2f})'>{v:.2f}</td>")
+    return "".join(cells)
 
 
 def _table(
@@ -46,20 +58,11 @@ def _table(
     """One matrix: tokens label the rows; columns are keys or feature indices."""
     esc = [html.escape(t) for t in h.tokens]
     heads = esc if keys else [str(j) for j in range(m_RxC.shape[1])]
-    bound = float(np.abs(m_RxC).max())
     rows = ["<tr><th></th>" + "".join(f"<th>{c}</th>" for c in heads) + "</tr>"]
     for i, row in enumerate(m_RxC):
-        cells = []
-        for j, v in enumerate(row):
-            if weights and not h.allowed_L[j]:
-                cells.append("<td class='masked'>masked</td>")
-            elif weights:
-                a = 0.85 * v / bound if bound else 0.0
-                cells.append(f"<td style='background:rgba(230,126,34,{a:.2f})'>{v:.2f}</td>")
-            else:
-                cells.append(f"<td style='{_signed(v, bound)}'>{v:.2f}</td>")
         cls = " class='query'" if i == query else ""
-        rows.append(f"<tr{cls}><th>{esc[i]}</th>{''.join(cells)}</tr>")
+        cells = _cells(row, h.allowed_L, weights=weights, keys=keys)
+        rows.append(f"<tr{cls}><th>{esc[i]}</th>{cells}</tr>")
     return (
         f"<div class='panel'><b>{html.escape(title)}</b><table>{''.join(rows)}</table>"
         f"<div class='shape'>{html.escape(shape)}</div></div>"
@@ -89,17 +92,12 @@ def _steps(h: step_plots.Head, *, heading: str, score: str, query: int, x_title:
         _table(h.weights_LxL, h, "softmax over keys: weights", sq, weights=True, **square),
         _table(h.out_LxK, h, "output = weights V", hd, query=query, **features),
     ]
-    one_query = np.stack([h.scaled_LxL[query], h.weights_LxL[query]])
     rows = "".join(
-        f"<tr><th>{name}</th>"
-        + "".join(
-            "<td class='masked'>masked</td>"
-            if not h.allowed_L[j]
-            else f"<td style='{_signed(v, float(np.abs(r).max()))}'>{v:.2f}</td>"
-            for j, v in enumerate(r)
+        f"<tr><th>{name}</th>{_cells(r, h.allowed_L, weights=w, keys=True)}</tr>"
+        for name, r, w in (
+            ("score (softmax input)", h.scaled_LxL[query], False),
+            ("weight", h.weights_LxL[query], True),
         )
-        + "</tr>"
-        for name, r in zip(("score (softmax input)", "weight"), one_query, strict=True)
     )
     keys = "".join(f"<th>{html.escape(t)}</th>" for t in h.tokens)
     who = f"query {query} '{html.escape(h.tokens[query])}'"
@@ -117,7 +115,8 @@ def _steps(h: step_plots.Head, *, heading: str, score: str, query: int, x_title:
         "<span class='swatch' style='background:rgba(230,126,34,0.85)'></span> softmax weight "
         "(each row sums to 1); "
         "<span class='swatch' style='background:#9e9e9e'></span> masked key (padding, "
-        "weight exactly 0).</div>"
+        "weight exactly 0); striped: a masked key's score, computed but ignored by the "
+        "softmax.</div>"
         f"<div class='panels'>{''.join(inputs)}</div><p></p>"
         f"<div class='panels'>{''.join(attention)}</div><p></p>{per_query}"
     )
