@@ -97,20 +97,19 @@ def visualize(
 
 
 def _check_choice(cfg: classifier.ModelConfig, **choice: int) -> None:
+    """Each flag's allowed range for this model, and why."""
+    tokens = f"the model reads at most {cfg.max_len} tokens"
     bounds = {
-        "layer": (0, cfg.num_layers - 1),
-        "head": (0, cfg.num_heads - 1),
-        "window": (1, cfg.max_len),
-        "pad_to": (0, cfg.max_len),
-        "max_tokens": (1, cfg.max_len),
+        "layer": (0, cfg.num_layers - 1, f"the model has {cfg.num_layers} layer(s), from 0"),
+        "head": (0, cfg.num_heads - 1, f"the model has {cfg.num_heads} head(s), from 0"),
+        "window": (1, cfg.max_len, tokens),
+        "pad_to": (0, cfg.max_len, tokens),
+        "max_tokens": (1, cfg.max_len, tokens),
     }
     for name, value in choice.items():
-        low, high = bounds[name]
+        low, high, why = bounds[name]
         if not low <= value <= high:
-            raise UserError(
-                f"--{name}={value} is out of range: this model allows {low} to {high} "
-                f"({cfg.num_layers} layers, {cfg.num_heads} heads, max_len {cfg.max_len})"
-            )
+            raise UserError(f"--{name}={value} is out of range {low} to {high}: {why}")
 
 
 def _check_out(out: str) -> None:
@@ -219,7 +218,11 @@ def _replace_dir(fresh: str, out: str) -> None:
         return
     old = fresh + ".old"
     os.rename(out, old)
-    os.rename(fresh, out)
+    try:
+        os.rename(fresh, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
     shutil.rmtree(old)
 
 
