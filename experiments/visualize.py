@@ -97,19 +97,20 @@ def visualize(
 
 
 def _check_choice(cfg: classifier.ModelConfig, **choice: int) -> None:
-    """Each flag's allowed range for this model, and why."""
-    tokens = f"the model reads at most {cfg.max_len} tokens"
+    """Each flag's allowed range for this model, and why. Windows longer than the model's
+    max_len are fine: texts are already cut to it."""
     bounds = {
         "layer": (0, cfg.num_layers - 1, f"the model has {cfg.num_layers} layer(s), from 0"),
         "head": (0, cfg.num_heads - 1, f"the model has {cfg.num_heads} head(s), from 0"),
-        "window": (1, cfg.max_len, tokens),
-        "pad_to": (0, cfg.max_len, tokens),
-        "max_tokens": (1, cfg.max_len, tokens),
+        "pad_to": (0, cfg.max_len, f"the model reads at most {cfg.max_len} tokens"),
+        "window": (1, None, "at least one token is drawn"),
+        "max_tokens": (1, None, "at least one token is drawn"),
     }
     for name, value in choice.items():
         low, high, why = bounds[name]
-        if not low <= value <= high:
-            raise UserError(f"--{name}={value} is out of range {low} to {high}: {why}")
+        if value < low or (high is not None and value > high):
+            allowed = f"{low} to {high}" if high is not None else f"at least {low}"
+            raise UserError(f"--{name}={value} is out of range ({allowed}): {why}")
 
 
 def _check_out(out: str) -> None:

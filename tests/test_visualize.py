@@ -162,6 +162,7 @@ def test_earlier_output_is_replaced_and_a_failed_call_changes_nothing(
         ("--head=2", "--head=2 is out of range"),
         ("--head=-1", "--head=-1 is out of range"),
         ("--window=0", "--window=0 is out of range"),
+        ("--max_tokens=0", "--max_tokens=0 is out of range"),
         ("--pad_to=65", "--pad_to=65 is out of range"),
         ("--query=3", "text 1: --query=3"),
     ],
