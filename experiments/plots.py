@@ -39,15 +39,17 @@ def needs_rotation(labels: list[str]) -> bool:
 
 
 def token_ticks(ax: plt.Axes, axis: str, tokens: list[str]) -> None:
-    """One 8-point label per token on `axis` ("x" or "y"). On x, single characters (a CJK text's
-    tokens) stay upright and longer tokens turn vertical, so neighbours never overlap."""
+    """One 8-point label per token on `axis` ("x" or "y"). On x, when some token is longer than
+    2 characters, every token but single characters (a CJK text's, punctuation) turns vertical,
+    so neighbours never overlap and CJK stays upright."""
     if axis == "y":
         ax.set_yticks(range(len(tokens)), tokens, fontsize=8)
         return
     ax.set_xticks(range(len(tokens)), tokens, fontsize=8)
-    for label, token in zip(ax.get_xticklabels(), tokens, strict=True):
-        if len(token) > 2:
-            label.set_rotation(90)
+    if needs_rotation(tokens):
+        for label, token in zip(ax.get_xticklabels(), tokens, strict=True):
+            if len(token) > 1:
+                label.set_rotation(90)
 
 
 def plot_curves(workdir: str, path: str | None = None) -> str:

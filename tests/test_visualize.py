@@ -2,6 +2,7 @@
 drawn weights and outputs and are the model's own; the output directory is replaced whole; bad
 choices are one-line errors that write nothing."""
 
+import itertools
 import math
 import os
 
@@ -14,7 +15,7 @@ from matplotlib.text import Text
 
 import attn
 from attn import classifier, multihead, scores
-from experiments import attention_page, forward, step_plots, visualize, workdirs
+from experiments import attention_page, forward, plots, step_plots, visualize, workdirs
 
 TEXTS = ["很好看", "质量太差了，不推荐"]
 WINDOW, PAD_TO, QUERY = 6, 5, 2  # text 1 is padded (3 -> 5 tokens), text 2 cut (9 -> 6)
@@ -221,3 +222,35 @@ def test_steps_figure_names_the_score_shapes_and_masked_keys(score, tmp_path, mo
         assert shape in texts
     assert texts.count("masked") == 4  # two masked keys in each of the two bar charts
     assert "masked key (padding): weight exactly 0" in texts
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        list("这本书很好看，但是物流太慢了，包装也破了") * 3 + ["<pad>"] * 4,  # 64 tokens
+        "this movie was not good at all , the acting felt wooden".split() * 5 + ["<unk>"],
+    ],
+    ids=["cjk-64", "words-61"],
+)
+def test_heatmap_tick_labels_do_not_overlap(tokens, tmp_path, monkeypatch):
+    extents, rotations = {}, []
+    real_savefig = Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        real_savefig(fig, *args, **kwargs)  # draws, so the labels have their final places
+        (ax, _colorbar) = fig.axes
+        for axis in ("x", "y"):
+            labels = getattr(ax, f"get_{axis}ticklabels")()
+            assert all(label.get_fontsize() >= 8 for label in labels)
+            extents[axis] = [label.get_window_extent() for label in labels]
+        rotations.extend(label.get_rotation() for label in ax.get_xticklabels())
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    n = len(tokens)
+    plots.plot_heatmap(np.full((n, n), 1.0 / n), tokens, "t", str(tmp_path / "map.png"))
+    for axis, boxes in extents.items():
+        assert len(boxes) == n
+        for a, b in itertools.pairwise(boxes):
+            assert not a.overlaps(b), f"{axis} labels overlap"
+    # Single characters (CJK, punctuation) stay upright; longer tokens turn vertical.
+    assert rotations == [0.0 if len(t) == 1 else 90.0 for t in tokens]
