@@ -254,3 +254,33 @@ def test_heatmap_tick_labels_do_not_overlap(tokens, tmp_path, monkeypatch):
             assert not a.overlaps(b), f"{axis} labels overlap"
     # Single characters (CJK, punctuation) stay upright; longer tokens turn vertical.
     assert rotations == [0.0 if len(t) == 1 else 90.0 for t in tokens]
+
+
+def test_steps_figure_labels_do_not_overlap_at_the_default_window(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    n = 32  # --window's default
+    tokens = list("这本书很好看，但是物流太慢了，包装也破了，客服态度还可以，总体来说")[:n]
+    assert len(tokens) == n
+    params = multihead.init(jax.random.key(0), 64, 4)
+    st = multihead.steps(params, jax.random.normal(jax.random.key(1), (n, 64)), num_heads=4)
+    h = step_plots.head_view(st, 0, tokens, np.ones(n, bool))
+    checked = []
+    real_savefig = Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        real_savefig(fig, *args, **kwargs)
+        for ax in fig.findobj(Axes):
+            for labels in (ax.get_xticklabels(), ax.get_yticklabels()):
+                if [label.get_text() for label in labels] != tokens:
+                    continue  # feature indices or a colorbar
+                boxes = [label.get_window_extent() for label in labels]
+                assert not any(a.overlaps(b) for a, b in itertools.pairwise(boxes))
+                checked.append(ax)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    step_plots.plot_steps(
+        h, score="scaled_dot", query=0, title="t", x_title="X", path=str(tmp_path / "s.png")
+    )
+    # Rows of all 8 matrices, key columns of the 3 score panels and of the 2 bar charts.
+    assert len(checked) == 8 + 3 + 2
