@@ -1,5 +1,5 @@
 """The model without gradients: class probabilities and metrics of a whole split, and one text's
-probabilities with its attention maps."""
+probabilities with its attention maps and one layer's attention step by step."""
 
 import dataclasses
 import functools
@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attn import classifier
+from attn import classifier, multihead
 from experiments import metrics, optimization
 from experiments.data import batching
 
@@ -101,3 +101,12 @@ def analyse(params: Any, cfg: classifier.ModelConfig, ids_L: np.ndarray) -> dict
     else:
         received_L = np.full(len(ids_L), 1.0 / max(len(ids_L), 1), np.float32)
     return {"probs": np.asarray(probs_1xC[0]), "attention": attention, "received": received_L}
+
+
+def attention_steps(
+    params: Any, cfg: classifier.ModelConfig, ids_L: np.ndarray, layer: int
+) -> multihead.Steps:
+    """`classifier.attention_steps` of one sequence of ids [L] (PAD ids are masked keys), as
+    float32 numpy arrays."""
+    st = classifier.attention_steps(params, jnp.asarray(ids_L, jnp.int32), cfg, layer=layer)
+    return multihead.Steps(*(np.asarray(a, np.float32) for a in st))

@@ -1,7 +1,6 @@
-"""PNG plots: training curves from metrics.jsonl and attention heatmaps with CJK-capable labels."""
+"""PNG plots: training curves from metrics.jsonl and attention heatmaps, with CJK-capable text."""
 
 import functools
-import html
 import importlib.util
 import os
 
@@ -28,13 +27,34 @@ def cjk_font_family() -> str | None:
     return font_manager.FontProperties(fname=path).get_name()
 
 
-def _font_kwargs() -> dict:
+def style() -> dict:
+    """rcParams for `plt.rc_context`: the CJK font first, DejaVu Sans for the glyphs it lacks."""
     family = cjk_font_family()
-    return {"fontfamily": [family, "DejaVu Sans"]} if family else {}
+    return {"font.family": [family, "DejaVu Sans"]} if family else {}
 
 
-def plot_curves(workdir: str) -> str:
-    """Loss and accuracy against step for train and validation; returns the PNG path."""
+def needs_rotation(labels: list[str]) -> bool:
+    """Whether some label is longer than 2 characters, and so is turned vertical on an x axis."""
+    return any(len(t) > 2 for t in labels)
+
+
+def token_ticks(ax: plt.Axes, axis: str, tokens: list[str]) -> None:
+    """One 8-point label per token on `axis` ("x" or "y"). On x, when some token is longer than
+    2 characters, every token but single characters (a CJK text's, punctuation) turns vertical,
+    so neighbours never overlap and CJK stays upright."""
+    if axis == "y":
+        ax.set_yticks(range(len(tokens)), tokens, fontsize=8)
+        return
+    ax.set_xticks(range(len(tokens)), tokens, fontsize=8)
+    if needs_rotation(tokens):
+        for label, token in zip(ax.get_xticklabels(), tokens, strict=True):
+            if len(token) > 1:
+                label.set_rotation(90)
+
+
+def plot_curves(workdir: str, path: str | None = None) -> str:
+    """Loss and accuracy against step for train and validation, as PNG at `path` (default
+    DIR/curves.png); returns the path."""
     rows = metrics.read(workdir)
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     for split, style in (("train", "-"), ("validation", "o-")):
@@ -51,48 +71,28 @@ def plot_curves(workdir: str) -> str:
         ax.legend()
     fig.suptitle(os.path.basename(os.path.abspath(workdir)))
     fig.tight_layout()
-    path = os.path.join(workdir, "curves.png")
-    fig.savefig(path, dpi=110)
+    path = path or os.path.join(workdir, "curves.png")
+    fig.savefig(path, dpi=110, format="png")
     plt.close(fig)
     return path
 
 
 def plot_heatmap(weights_LxL: np.ndarray, tokens: list[str], title: str, path: str) -> str:
-    """One attention map: queries on rows, keys on columns, token labels on both axes."""
+    """One attention map: queries on rows, keys on columns, token labels on both axes.
+
+    Cells are at least 0.2 inch, so 8-point labels never overlap, even at 64 tokens and more.
+    """
     n = len(tokens)
-    size = min(max(4.0, 0.28 * n + 2), 24)
-    fig, ax = plt.subplots(figsize=(size, size))
-    im = ax.imshow(weights_LxL[:n, :n], cmap="viridis", vmin=0.0)
-    ax.set_xticks(range(n))
-    ax.set_yticks(range(n))
-    fontsize = 9 if n <= 40 else 6
-    ax.set_xticklabels(tokens, rotation=90, fontsize=fontsize, **_font_kwargs())
-    ax.set_yticklabels(tokens, fontsize=fontsize, **_font_kwargs())
-    ax.set_xlabel("key (attended to)")
-    ax.set_ylabel("query")
-    ax.set_title(title, **_font_kwargs())
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def attention_html(rows: list[tuple[str, list[str], np.ndarray]], path: str) -> str:
-    """A page shading each token by the attention it receives; rows are (caption, tokens, w_L)."""
-    parts = [
-        "<!doctype html><meta charset='utf-8'><title>attention</title>",
-        "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}"
-        "span{padding:2px 1px;border-radius:3px;line-height:2}</style>",
-    ]
-    for caption, tokens, w_L in rows:
-        scale = float(w_L.max()) or 1.0
-        spans = "".join(
-            f"<span title='{w:.3f}' style='background:rgba(255,80,0,{w / scale:.3f})'>"
-            f"{html.escape(t)}</span>"
-            for t, w in zip(tokens, w_L, strict=True)
-        )
-        parts.append(f"<h3>{html.escape(caption)}</h3><p>{spans}</p>")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(parts))
+    side = max(4.0, 0.2 * n + 2.0)
+    with plt.rc_context(style()):
+        fig, ax = plt.subplots(figsize=(side + 1.0, side), layout="constrained")
+        im = ax.imshow(weights_LxL[:n, :n], cmap="viridis", vmin=0.0, aspect="auto")
+        token_ticks(ax, "x", tokens)
+        token_ticks(ax, "y", tokens)
+        ax.set_xlabel("key (attended to)")
+        ax.set_ylabel("query")
+        ax.set_title(title)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02, label="attention weight")
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
     return path

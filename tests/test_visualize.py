@@ -1,0 +1,286 @@
+"""visualize on the tiny trained workdir: the step-by-step values it draws recombine into the
+drawn weights and outputs and are the model's own; the output directory is replaced whole; bad
+choices are one-line errors that write nothing."""
+
+import itertools
+import math
+import os
+
+import jax
+import numpy as np
+import pytest
+from conftest import assert_one_line_error, run, run_here, tree_hash
+from matplotlib.figure import Figure
+from matplotlib.text import Text
+
+import attn
+from attn import classifier, multihead, scores
+from experiments import attention_page, forward, plots, step_plots, visualize, workdirs
+
+TEXTS = ["很好看", "质量太差了，不推荐"]
+WINDOW, PAD_TO, QUERY = 6, 5, 2  # text 1 is padded (3 -> 5 tokens), text 2 cut (9 -> 6)
+
+
+@pytest.fixture(scope="module")
+def drawn(trained, tmp_path_factory) -> dict:
+    """One `visualize --steps` call on a copy of the trained workdir, with every Head that was
+    drawn in a figure or put on the page."""
+    import shutil
+
+    workdir = str(tmp_path_factory.mktemp("steps") / "run")
+    shutil.copytree(trained, workdir)
+    out = os.path.join(workdir, "vis")
+    figures, pages = [], []
+    real_plot, real_write = step_plots.plot_steps, attention_page.write
+
+    def plot_steps(h, **kwargs):
+        figures.append((h, kwargs))
+        return real_plot(h, **kwargs)
+
+    def write(path, rows, **kwargs):
+        pages.append(kwargs["steps"])
+        return real_write(path, rows, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(step_plots, "plot_steps", plot_steps)
+        mp.setattr(attention_page, "write", write)
+        written = visualize.visualize(
+            workdir, TEXTS, out, steps=True, head=1, query=QUERY, window=WINDOW, pad_to=PAD_TO
+        )
+    return {"workdir": workdir, "out": out, "written": written, "figures": figures, "pages": pages}
+
+
+def _view_ids(trained: workdirs.Trained, text: str) -> np.ndarray:
+    """The ids the steps are drawn on: the first WINDOW tokens, padded to PAD_TO."""
+    ids_L = workdirs.encode(trained, text)[:WINDOW]
+    return np.concatenate([ids_L, np.zeros(max(PAD_TO - len(ids_L), 0), ids_L.dtype)])
+
+
+def test_steps_files_are_written_with_their_names(drawn):
+    out, workdir = drawn["out"], drawn["workdir"]
+    names = [
+        "text1_layer0_head0.png",
+        "text1_layer0_head1.png",
+        "text1_steps_layer0_head1.png",
+        "text2_layer0_head0.png",
+        "text2_layer0_head1.png",
+        "text2_steps_layer0_head1.png",
+        "attention.html",
+    ]
+    assert drawn["written"] == [os.path.join(out, n) for n in names] + [
+        os.path.join(workdir, "curves.png")
+    ]
+    assert sorted(os.listdir(out)) == sorted(names)
+    for name in names[:-1]:
+        with open(os.path.join(out, name), "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert not [f for f in os.listdir(workdir) if ".tmp" in f]  # nothing left half-made
+    page = open(os.path.join(out, "attention.html"), encoding="utf-8").read()
+    assert "Legend" in page and "masked" in page and "<rt>" in page  # numbers shown, not hovered
+
+
+def test_drawn_steps_recombine_and_are_the_model_attention(drawn, trained):
+    loaded = workdirs.load(trained)
+    cfg = loaded.cfg
+    d_head = cfg.d_model // cfg.num_heads
+    cols = slice(d_head, 2 * d_head)  # head 1
+    mha = loaded.params["layer_0"]["mha"]
+    assert len(drawn["figures"]) == len(TEXTS)
+    for text, (h, kwargs) in zip(TEXTS, drawn["figures"], strict=True):
+        ids_L = _view_ids(loaded, text)
+        assert kwargs["query"] == QUERY and kwargs["score"] == "scaled_dot"
+        assert h.tokens == loaded.tokenizer.tokens(ids_L.tolist())
+        np.testing.assert_array_equal(h.allowed_L, ids_L != classifier.PAD)
+        # Q, K, V are X through the head's columns of the projections.
+        for name, m_LxK in (("q", h.q_LxK), ("k", h.k_LxK), ("v", h.v_LxK)):
+            w, b = np.asarray(mha[name]["w"]), np.asarray(mha[name]["b"])
+            np.testing.assert_allclose(m_LxK, h.x_LxD @ w[:, cols] + b[cols], atol=1e-5)
+        # Scores, scaling, softmax over the allowed keys and the weighted sum, from Q, K, V.
+        np.testing.assert_allclose(h.raw_LxL, h.q_LxK @ h.k_LxK.T, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            h.scaled_LxL, h.raw_LxL / math.sqrt(d_head), rtol=1e-5, atol=1e-6
+        )
+        e_LxL = np.where(h.allowed_L, np.exp(h.scaled_LxL - h.scaled_LxL.max(1, keepdims=True)), 0)
+        np.testing.assert_allclose(h.weights_LxL, e_LxL / e_LxL.sum(1, keepdims=True), atol=1e-6)
+        assert (h.weights_LxL[:, ~h.allowed_L] == 0).all()
+        np.testing.assert_allclose(h.out_LxK, h.weights_LxL @ h.v_LxK, atol=1e-5)
+        # The library's attention on the drawn Q, K, V gives the drawn weights and outputs ...
+        out_LxK, w_LxL = attn.attention(h.q_LxK, h.k_LxK, h.v_LxK, h.allowed_L)
+        np.testing.assert_allclose(h.weights_LxL, w_LxL, atol=1e-6)
+        np.testing.assert_allclose(h.out_LxK, out_LxK, atol=1e-6)
+        # ... and the model's forward pass on the same ids has the same attention map.
+        model_w_LxL = forward.analyse(loaded.params, cfg, ids_L)["attention"][0][1]
+        np.testing.assert_allclose(h.weights_LxL, model_w_LxL, atol=1e-6)
+    assert drawn["figures"][0][0].tokens[-2:] == ["<pad>", "<pad>"]
+    assert len(drawn["figures"][1][0].tokens) == WINDOW
+    # The page shows the first text's steps, the very arrays of its figure, as numbers.
+    (page,) = drawn["pages"]
+    assert page is drawn["figures"][0][0]
+    html = open(os.path.join(drawn["out"], "attention.html"), encoding="utf-8").read()
+    for v in np.concatenate([page.weights_LxL[QUERY][page.allowed_L], page.out_LxK[QUERY]]):
+        assert f">{v:.2f}</td>" in html
+    assert html.count("<td class='masked'>masked</td>") == 2 * len(page.tokens) + 2
+
+
+def test_earlier_output_is_replaced_and_a_failed_call_changes_nothing(
+    trained_copy, capsys, monkeypatch
+):
+    out = os.path.join(trained_copy, "visualize")
+    argv = ("experiments.visualize", f"--workdir={trained_copy}")
+    assert run_here(*argv, "--steps", *TEXTS, capsys=capsys).returncode == 0
+    assert len(os.listdir(out)) == 7
+    proc = run_here(*argv, "很好", capsys=capsys)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(os.listdir(out)) == [
+        "attention.html",
+        "text1_layer0_head0.png",
+        "text1_layer0_head1.png",
+    ]
+    before = tree_hash(trained_copy)
+    assert_one_line_error(run_here(*argv, "--steps", "很好", " ", capsys=capsys), "text 2")
+    assert tree_hash(trained_copy) == before
+
+    # Failing halfway (here a full disk while writing the page) leaves no trace either.
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(attention_page, "write", full_disk)
+        assert_one_line_error(run_here(*argv, "--steps", "很好", capsys=capsys), "No space")
+    assert tree_hash(trained_copy) == before
+    # An --out that holds other files is never replaced.
+    with open(os.path.join(out, "notes.txt"), "w") as f:
+        f.write("mine")
+    before = tree_hash(trained_copy)
+    assert_one_line_error(run_here(*argv, "很好", capsys=capsys), "notes.txt")
+    assert tree_hash(trained_copy) == before
+
+
+@pytest.mark.parametrize(
+    "flag, fragment",
+    [
+        ("--layer=1", "--layer=1 is out of range"),
+        ("--head=2", "--head=2 is out of range"),
+        ("--head=-1", "--head=-1 is out of range"),
+        ("--window=0", "--window=0 is out of range"),
+        ("--max_tokens=0", "--max_tokens=0 is out of range"),
+        ("--pad_to=65", "--pad_to=65 is out of range"),
+        ("--query=3", "text 1: --query=3"),
+    ],
+)
+def test_bad_choice_is_one_line_and_writes_nothing(flag, fragment, trained_copy, capsys):
+    before = tree_hash(trained_copy)
+    proc = run_here(
+        "experiments.visualize",
+        f"--workdir={trained_copy}",
+        "--steps",
+        flag,
+        "很好看",
+        capsys=capsys,
+    )
+    assert_one_line_error(proc, fragment)
+    assert tree_hash(trained_copy) == before
+
+
+def test_help_names_the_files_it_writes():
+    proc = run("experiments.visualize", "--help")  # absl prints the module docstring
+    assert "Traceback" not in proc.stderr, proc.stderr
+    for name in ("text<n>_layer<l>_head<h>.png", "text<n>_steps_layer<l>_head<h>.png"):
+        assert name in proc.stdout
+    for name in ("attention.html", "curves.png", "--steps", "--query", "--window"):
+        assert name in proc.stdout
+
+
+@pytest.mark.parametrize("score", sorted(scores.SCORES))
+def test_steps_figure_names_the_score_shapes_and_masked_keys(score, tmp_path, monkeypatch):
+    params = multihead.init(jax.random.key(0), 8, 2, score=score)
+    x_LxD = jax.random.normal(jax.random.key(1), (5, 8))
+    allowed_L = np.array([True, True, True, False, False])
+    st = multihead.steps(params, x_LxD, allowed_L, num_heads=2, score=score)
+    h = step_plots.head_view(st, 1, list("abcde"), allowed_L)
+    texts = []
+    real_savefig = Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        texts.extend(t.get_text() for t in fig.findobj(Text))
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    path = str(tmp_path / "steps.png")
+    step_plots.plot_steps(h, score=score, query=1, title="t", x_title="X", path=path)
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    raw_title, scaled_title = step_plots.score_titles(score, 4)
+    assert raw_title in texts and scaled_title in texts
+    assert step_plots.SCORE_FORMULAS[score] in raw_title and score in raw_title
+    assert ("√4" in scaled_title) == (score == "scaled_dot")
+    for shape in (
+        "5 × 8  (tokens × d_model)",
+        "5 × 4  (tokens × d_head)",
+        "5 × 5  (queries × keys)",
+    ):
+        assert shape in texts
+    assert texts.count("masked") == 4  # two masked keys in each of the two bar charts
+    assert "masked key (padding): weight exactly 0" in texts
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        list("这本书很好看，但是物流太慢了，包装也破了") * 3 + ["<pad>"] * 4,  # 64 tokens
+        "this movie was not good at all , the acting felt wooden".split() * 5 + ["<unk>"],
+    ],
+    ids=["cjk-64", "words-61"],
+)
+def test_heatmap_tick_labels_do_not_overlap(tokens, tmp_path, monkeypatch):
+    extents, rotations = {}, []
+    real_savefig = Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        real_savefig(fig, *args, **kwargs)  # draws, so the labels have their final places
+        (ax, _colorbar) = fig.axes
+        for axis in ("x", "y"):
+            labels = getattr(ax, f"get_{axis}ticklabels")()
+            assert all(label.get_fontsize() >= 8 for label in labels)
+            extents[axis] = [label.get_window_extent() for label in labels]
+        rotations.extend(label.get_rotation() for label in ax.get_xticklabels())
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    n = len(tokens)
+    plots.plot_heatmap(np.full((n, n), 1.0 / n), tokens, "t", str(tmp_path / "map.png"))
+    for axis, boxes in extents.items():
+        assert len(boxes) == n
+        for a, b in itertools.pairwise(boxes):
+            assert not a.overlaps(b), f"{axis} labels overlap"
+    # Single characters (CJK, punctuation) stay upright; longer tokens turn vertical.
+    assert rotations == [0.0 if len(t) == 1 else 90.0 for t in tokens]
+
+
+def test_steps_figure_labels_do_not_overlap_at_the_default_window(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    n = 32  # --window's default
+    tokens = list("这本书很好看，但是物流太慢了，包装也破了，客服态度还可以，总体来说")[:n]
+    assert len(tokens) == n
+    params = multihead.init(jax.random.key(0), 64, 4)
+    st = multihead.steps(params, jax.random.normal(jax.random.key(1), (n, 64)), num_heads=4)
+    h = step_plots.head_view(st, 0, tokens, np.ones(n, bool))
+    checked = []
+    real_savefig = Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        real_savefig(fig, *args, **kwargs)
+        for ax in fig.findobj(Axes):
+            for labels in (ax.get_xticklabels(), ax.get_yticklabels()):
+                if [label.get_text() for label in labels] != tokens:
+                    continue  # feature indices or a colorbar
+                boxes = [label.get_window_extent() for label in labels]
+                assert not any(a.overlaps(b) for a, b in itertools.pairwise(boxes))
+                checked.append(ax)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    step_plots.plot_steps(
+        h, score="scaled_dot", query=0, title="t", x_title="X", path=str(tmp_path / "s.png")
+    )
+    # Rows of all 8 matrices, key columns of the 3 score panels and of the 2 bar charts.
+    assert len(checked) == 8 + 3 + 2
