@@ -34,6 +34,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             config.optim.warmup_steps = -1
             config.train.eval_every_steps = 0
             config.train.checkpoint_every_steps = 0
+            # The bag of word (or character) 1-2-grams. On 8,530 English movie-review sentences
+            # (seed 0, validation): 76.5% at best with it; without it the run sat at the majority
+            # class (49.8%) from step 200 to 500, where it was stopped.
+            config.model.bag_buckets = 1 << 20
+            config.model.bag_orders = (1, 2)
         else:
             config.data.tokenizer = "char"
     return config
