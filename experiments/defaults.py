@@ -25,50 +25,62 @@ _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-
 _SAMPLE = 5000  # texts looked at for the script and the lengths: enough for a 95th percentile
 
 
-def needs_data(config: ml_collections.ConfigDict) -> bool:
-    d, o, t = config.data, config.optim, config.train
-    return (
-        d.tokenizer == "auto"
-        or d.max_len == 0
-        or t.num_epochs == 0
-        or o.warmup_steps == -1
-        or t.eval_every_steps == 0
-        or t.checkpoint_every_steps == 0
-    )
+# field -> the value that leaves it to the data
+_AUTO = {
+    "data.tokenizer": "auto",
+    "data.max_len": 0,
+    "train.num_epochs": 0,
+    "optim.warmup_steps": -1,
+    "train.eval_every_steps": 0,
+    "train.checkpoint_every_steps": 0,
+}
+
+
+def left_to_data(config: ml_collections.ConfigDict) -> set[str]:
+    """The fields of `config` (dotted names) that it leaves to the data; absent ones are not."""
+    out = set()
+    for name, mark in _AUTO.items():
+        section, field = name.split(".")
+        if section in config and field in config[section] and config[section][field] == mark:
+            out.add(name)
+    return out
 
 
 def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """`config` with every data-chosen field filled from the train split (printed on stderr)."""
-    if not needs_data(config):
+    auto = left_to_data(config)
+    if not auto:
         return config
     texts = datasets.load_splits(config.data, ("train",))["train"][0]
     out = ml_collections.ConfigDict(config.to_dict())
-    d, o, t = out.data, out.optim, out.train
+    d = out.data
     sample = texts[:: max(1, len(texts) // _SAMPLE)]
     said = []
-    if d.tokenizer == "auto":
+    if "data.tokenizer" in auto:
         share = cjk_share(sample)
         d.tokenizer = "char" if share > 0.3 else "word"
         said.append(f"tokenizer={d.tokenizer} ({share:.0%} of characters CJK)")
-    if d.max_len == 0:
+    if "data.max_len" in auto:
         split = list if d.tokenizer == "char" else tokenizers.split_words
         p95 = float(np.percentile([len(split(s.strip())) for s in sample], 95))
         d.max_len = int(min(max(32 * math.ceil(p95 / 32), 32), 512))
         d.buckets = tuple(sorted({max(8, d.max_len * i // 4) for i in (1, 2, 3, 4)}))
         said.append(f"max_len={d.max_len} (95% of texts have <= {p95:.0f} tokens)")
-    if t.num_epochs == 0:
-        t.num_epochs = int(min(max(round(40_000 / max(len(texts), 1)), 2), 10))
-        said.append(f"num_epochs={t.num_epochs} ({len(texts):,} training texts)")
-    total = t.max_steps or t.num_epochs * batching.steps_per_epoch(len(texts), d.batch_size)
-    if o.warmup_steps == -1:
-        o.warmup_steps = round(0.075 * total)
-        said.append(f"warmup_steps={o.warmup_steps}")
-    if t.eval_every_steps == 0:
-        t.eval_every_steps = max(total // 13, 1)
-        said.append(f"eval_every_steps={t.eval_every_steps}")
-    if t.checkpoint_every_steps == 0:
-        t.checkpoint_every_steps = 2 * t.eval_every_steps
-        said.append(f"checkpoint_every_steps={t.checkpoint_every_steps}")
+    if "train.num_epochs" in auto:
+        out.train.num_epochs = int(min(max(round(40_000 / max(len(texts), 1)), 2), 10))
+        said.append(f"num_epochs={out.train.num_epochs} ({len(texts):,} training texts)")
+    if auto & {"optim.warmup_steps", "train.eval_every_steps", "train.checkpoint_every_steps"}:
+        t = out.train
+        total = t.max_steps or t.num_epochs * batching.steps_per_epoch(len(texts), d.batch_size)
+        if "optim.warmup_steps" in auto:
+            out.optim.warmup_steps = round(0.075 * total)
+            said.append(f"warmup_steps={out.optim.warmup_steps}")
+        if "train.eval_every_steps" in auto:
+            t.eval_every_steps = max(total // 13, 1)
+            said.append(f"eval_every_steps={t.eval_every_steps}")
+        if "train.checkpoint_every_steps" in auto:
+            t.checkpoint_every_steps = 2 * t.eval_every_steps
+            said.append(f"checkpoint_every_steps={t.checkpoint_every_steps}")
     print(f"chosen from the data: {', '.join(said)}", file=sys.stderr)
     out.lock()
     return out
