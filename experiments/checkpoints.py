@@ -8,6 +8,9 @@ Orbax writes each step into a temporary directory and renames it when complete, 
 save leaves nothing that `latest_step` would pick.
 
 Each step's meta (`new_meta`) says which run it belongs to and where that run stood.
+
+Several processes share one directory (shared storage, as on a TPU slice): every process takes
+part in each save and restore, and orbax writes each replicated array once.
 """
 
 import dataclasses
@@ -16,9 +19,12 @@ import shutil
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from attn import classifier
+from experiments import distributed
 from experiments.cli import UserError
 
 LAST, BEST = "checkpoints", "best"
@@ -45,9 +51,11 @@ def writer(workdir: str, which: str, keep: int) -> ocp.CheckpointManager:
     same deletion through its public API, finished before the manager exists.
     """
     path = os.path.join(os.path.abspath(workdir), which)
-    if os.path.isdir(path):
+    if os.path.isdir(path) and distributed.is_primary():
         for tmp in ocp.path.step.all_temporary_paths(path):
             shutil.rmtree(tmp.get())
+    if jax.process_count() > 1:  # no process may start a save before the deletion is done
+        multihost_utils.sync_global_devices(f"{which}: leftovers deleted")
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True, enable_async_checkpointing=False
     )

@@ -1,17 +1,44 @@
-"""Where arrays live: data parallelism over every device, batches split and the state replicated."""
+"""Where arrays live: data parallelism over every device of every process, batches split and the
+state replicated.
 
+With several processes each one builds only its own rows of a global batch (`rows`), and `put`
+joins them into one global array; one process holds every row, so the same code serves both.
+"""
+
+import dataclasses
 from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from experiments.cli import UserError
 
 
-def data_parallel(data: Any) -> tuple[NamedSharding, NamedSharding]:
-    """(batch sharding: first axis split over every device, replicated sharding) for config.data,
-    whose batch sizes must divide by the device count."""
+@dataclasses.dataclass(frozen=True)
+class DataParallel:
+    batch: NamedSharding  # first axis split over every device
+    replicated: NamedSharding
+
+    def rows(self, batch_size: int) -> slice:
+        """The rows of a global batch that this process's devices hold (contiguous: the mesh
+        lists each process's devices together)."""
+        spans = self.batch.addressable_devices_indices_map((batch_size,)).values()
+        starts, stops = zip(*(s[0].indices(batch_size)[:2] for s in spans), strict=True)
+        return slice(min(starts), max(stops))
+
+    def put(self, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        """Where a batch goes: this process's rows of it, joined with the other processes' into
+        global arrays split along the first axis."""
+        return {
+            k: jax.make_array_from_process_local_data(self.batch, v) for k, v in local_batch.items()
+        }
+
+
+def data_parallel(data: Any) -> DataParallel:
+    """Batch and replicated shardings over every device for config.data, whose batch sizes must
+    divide by the device count."""
     n = jax.device_count()
     for name in ("batch_size", "eval_batch_size"):
         if data[name] % n:
@@ -19,14 +46,19 @@ def data_parallel(data: Any) -> tuple[NamedSharding, NamedSharding]:
                 f"config.data.{name}={data[name]} is not divisible by the {n} devices; "
                 f"use a multiple of {n}"
             )
-    mesh = Mesh(np.array(jax.devices()), ("data",))
-    return NamedSharding(mesh, PartitionSpec("data")), NamedSharding(mesh, PartitionSpec())
+    # Sorted by process, so that each process's rows of a batch are one contiguous block.
+    ordered = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    mesh = Mesh(np.array(ordered), ("data",))
+    return DataParallel(
+        NamedSharding(mesh, PartitionSpec("data")), NamedSharding(mesh, PartitionSpec())
+    )
 
 
-def put_batch(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
-    """Where a batch goes: split along its first axis over the devices of `sharding`.
+def fetch(x: jax.Array) -> np.ndarray:
+    """A global array, whole, on the host of every process."""
+    return multihost_utils.process_allgather(x, tiled=True)
 
-    The one place to change for several processes: each would pass only its own rows and build
-    the global arrays with `jax.make_array_from_process_local_data`.
-    """
-    return jax.device_put(batch, sharding)
+
+def replicate(tree: Any, dp: DataParallel) -> Any:
+    """`tree`, which every process computed alike, on every device of every process."""
+    return jax.device_put(tree, dp.replicated)

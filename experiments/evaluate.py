@@ -2,14 +2,15 @@
 
   python -m experiments.evaluate --workdir=runs/default [--split=test] [--checkpoint=best]
 
-Prints a table and writes DIR/eval_<split>.json.
+Prints a table and writes DIR/eval_<split>.json. Several processes run it like experiments.train
+(the same flags), each reading its rows of every batch; process 0 prints and writes.
 """
 
 import os
 
 from absl import flags
 
-from experiments import checkpoints, cli, forward, workdirs
+from experiments import checkpoints, cli, devices, distributed, forward, workdirs
 from experiments.cli import UserError
 from experiments.data import encoding
 from experiments.data.splits import SPLITS
@@ -30,12 +31,13 @@ def evaluate_workdir(workdir: str, split: str, which: str = checkpoints.BEST) ->
             f"{list(trained.label_names)}"
         )
     s = data.splits[split]
-    result = forward.evaluate(
-        trained.params, trained.cfg, s.ids, s.labels, data=trained.config.data
-    )
+    dp = devices.data_parallel(trained.config.data)
+    params = devices.replicate(trained.params, dp)
+    result = forward.evaluate(params, trained.cfg, s.ids, s.labels, data=trained.config.data, dp=dp)
     result["step"] = trained.step
     result["label_names"] = list(trained.label_names)
-    workdirs.write_json(os.path.join(workdir, f"eval_{split}.json"), result)
+    if distributed.is_primary():
+        workdirs.write_json(os.path.join(workdir, f"eval_{split}.json"), result)
     return result
 
 
@@ -64,12 +66,16 @@ def define_flags(fv: flags.FlagValues) -> None:
         "Which checkpoint.",
         flag_values=fv,
     )
+    distributed.define_flags(fv)
 
 
 def main(fv: flags.FlagValues, argv: list[str]) -> None:
     if not fv.workdir:
         raise UserError("--workdir=DIR is required")
+    distributed.initialize_from_flags(fv)
     result = evaluate_workdir(fv.workdir, fv.split, fv.checkpoint)
+    if not distributed.is_primary():
+        return
     print(f"{fv.split} split, checkpoint step {result['step']}")
     print(format_table(result, tuple(result["label_names"])))
     print(f"written: {os.path.join(fv.workdir, f'eval_{fv.split}.json')}")

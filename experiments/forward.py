@@ -4,7 +4,7 @@ probabilities with its attention maps and one layer's attention step by step."""
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attn import classifier, multihead
-from experiments import metrics, optimization
+from experiments import devices, metrics, optimization
 from experiments.data import batching
 
 
@@ -32,11 +32,12 @@ def probabilities(
     labels: np.ndarray,
     *,
     data: Any,
-    put: Callable[[dict], Any] = jax.device_put,
+    dp: devices.DataParallel,
 ) -> tuple[np.ndarray, float]:
-    """Class probabilities [N, C] in example order, and the summed cross-entropy.
+    """Class probabilities [N, C] in example order, and the summed cross-entropy, on every
+    process; each process reads only its rows of each batch.
 
-    `data` is config.data (batch size, buckets, max_len); `put` places a batch on the devices.
+    `data` is config.data (batch size, buckets, max_len); `dp` places a batch on the devices.
     """
     probs_NxC = np.zeros((len(ids), cfg.num_classes), np.float32)
     loss_sum = 0.0
@@ -46,9 +47,10 @@ def probabilities(
         batch_size=data.eval_batch_size,
         buckets=tuple(data.buckets),
         max_len=data.max_len,
+        rows=dp.rows(data.eval_batch_size),
     ):
-        sums, probs_BxC = eval_step(params, put(batch), cfg=cfg)
-        probs_NxC[idx] = np.asarray(probs_BxC)[: len(idx)]
+        sums, probs_BxC = eval_step(params, dp.put(batch), cfg=cfg)
+        probs_NxC[idx] = devices.fetch(probs_BxC)[: len(idx)]
         loss_sum += float(sums["loss_sum"])
     return probs_NxC, loss_sum
 
@@ -60,11 +62,11 @@ def evaluate(
     labels: np.ndarray,
     *,
     data: Any,
-    put: Callable[[dict], Any] = jax.device_put,
+    dp: devices.DataParallel,
 ) -> dict:
     """accuracy, macro_f1, loss, confusion, num_examples and examples_per_sec on one split."""
     start = time.perf_counter()
-    probs_NxC, loss_sum = probabilities(params, cfg, ids, labels, data=data, put=put)
+    probs_NxC, loss_sum = probabilities(params, cfg, ids, labels, data=data, dp=dp)
     seconds = time.perf_counter() - start
     confusion = np.zeros((cfg.num_classes, cfg.num_classes), np.int64)
     np.add.at(confusion, (labels, probs_NxC.argmax(-1)), 1)

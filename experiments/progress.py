@@ -1,5 +1,6 @@
 """The train loop's host side: each step's metrics read one step late, summed over a window,
-logged every few steps, shown in the progress bar; and the stop when training diverges."""
+logged every few steps, shown in the progress bar (by process 0 of several); and the stop when
+training diverges (by every process, which all see the same metrics)."""
 
 import contextlib
 import time
@@ -11,7 +12,7 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from experiments import metrics
+from experiments import distributed, metrics
 from experiments.cli import UserError
 
 _END = object()
@@ -69,8 +70,16 @@ class Progress(contextlib.AbstractContextManager):
         self.total_steps, self.last_good = total_steps, last_good
         self.log_every = config.train.log_every_steps
         self.max_nonfinite = config.optim.max_nonfinite
-        self.log = metrics.Log(workdir, start)
-        self.bar = tqdm(total=total_steps, initial=start, desc="train", unit="step", mininterval=1)
+        primary = distributed.is_primary()
+        self.log = metrics.Log(workdir, start) if primary else None
+        self.bar = tqdm(
+            total=total_steps,
+            initial=start,
+            desc="train",
+            unit="step",
+            mininterval=1,
+            disable=not primary,
+        )
         self.window = Window()
         self.pending: tuple[int, Any] | None = None
 
@@ -96,10 +105,11 @@ class Progress(contextlib.AbstractContextManager):
             self.pending = None
 
     def validation(self, step: int, val: dict) -> None:
-        self.log.write(step, "validation", val)
-        self.bar.write(
-            f"step {step}: validation accuracy {val['accuracy']:.4f} loss {val['loss']:.4f}"
-        )
+        if self.log:
+            self.log.write(step, "validation", val)
+            self.bar.write(
+                f"step {step}: validation accuracy {val['accuracy']:.4f} loss {val['loss']:.4f}"
+            )
 
     def _record(self, step: int, m: Any) -> None:
         m = jax.device_get(m)
@@ -113,7 +123,8 @@ class Progress(contextlib.AbstractContextManager):
         self.bar.update(1)
         if step % self.log_every == 0 or step == self.total_steps:
             row = self.window.row(m)
-            self.log.write(step, "train", row)
+            if self.log:
+                self.log.write(step, "train", row)
             self.bar.set_postfix(
                 loss=f"{row['loss']:.3f}",
                 acc=f"{row['accuracy']:.3f}",
@@ -124,4 +135,5 @@ class Progress(contextlib.AbstractContextManager):
 
     def __exit__(self, *exc) -> None:
         self.bar.close()
-        self.log.close()
+        if self.log:
+            self.log.close()

@@ -4,6 +4,10 @@
       [--config.model.num_layers=2 ...]
 
 `main` is a thin wrapper over `train_and_evaluate(config, workdir)`, which a notebook can call.
+Several processes (one per host of a TPU slice or GPU cluster) run the same command with
+`--num_processes=N` and, where JAX cannot find them itself, `--coordinator=HOST:PORT
+--process_id=I` (see `distributed`); every process trains on its rows of each batch and saves
+the checkpoints, and process 0 alone writes the logs, JSON files and plots.
 """
 
 import functools
@@ -15,6 +19,7 @@ import jax
 import ml_collections
 import numpy as np
 from absl import flags
+from jax.experimental import multihost_utils
 from ml_collections import config_flags
 
 from experiments import (
@@ -22,6 +27,7 @@ from experiments import (
     cli,
     defaults,
     devices,
+    distributed,
     forward,
     optimization,
     plots,
@@ -40,8 +46,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     d, t, o = config.data, config.train, config.optim
     optimization.check_optim(o)
     workdirs.check_writable(workdir)
-    batch_sharding, replicated = devices.data_parallel(d)
-    data = encoding.load(d, add_cls=config.model.pooling == "cls", workdir=workdir)
+    dp = devices.data_parallel(d)
+    primary = distributed.is_primary()
+    data = _load_data(config, workdir)
     train, validation, test = (data.splits[s] for s in SPLITS)
     cfg = optimization.model_config(config, data.tokenizer.vocab_size, len(data.label_names))
     per_epoch = batching.steps_per_epoch(len(train.ids), d.batch_size)
@@ -52,26 +59,31 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     train_step = jax.jit(
         functools.partial(optimization.train_step, cfg=cfg, tx=tx, **optimization.loss_options(o))
     )
-    put = functools.partial(devices.put_batch, sharding=batch_sharding)
     evaluate = lambda params, split: forward.evaluate(
-        params, cfg, split.ids, split.labels, data=d, put=put
+        params, cfg, split.ids, split.labels, data=d, dp=dp
     )
     with (
         checkpoints.writer(workdir, LAST, t.keep_checkpoints) as last,
         checkpoints.writer(workdir, BEST, 1) as best,
     ):
-        state, meta = checkpoints.resume(last, jax.device_put(state, replicated), meta, workdir)
+        state, meta = checkpoints.resume(last, devices.replicate(state, dp), meta, workdir)
         start = int(state["step"])
-        if start:
+        if start and primary:
             print(f"resuming from step {start} of {total_steps}", file=sys.stderr)
-        workdirs.write_json(os.path.join(workdir, "config.json"), config.to_dict())
+        if primary:
+            workdirs.write_json(os.path.join(workdir, "config.json"), config.to_dict())
         stream = batching.train_stream(
-            train.ids, train.labels, seed=t.seed, start_step=start, **batching.options(d)
+            train.ids,
+            train.labels,
+            seed=t.seed,
+            start_step=start,
+            rows=dp.rows(d.batch_size),
+            **batching.options(d),
         )
         with progress.Progress(workdir, config, start, total_steps, last.latest_step) as prog:
             batches = prog.timed(batching.prefetch(stream))
             for step, batch in zip(range(start + 1, total_steps + 1), batches, strict=False):
-                state, m = train_step(state, put(batch))
+                state, m = train_step(state, dp.put(batch))
                 prog.push(step, m)  # reads the previous step's metrics, not this one's
                 meta["step"] = step
                 evaluating = step % t.eval_every_steps == 0 or step == total_steps
@@ -95,8 +107,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         best_state, _ = checkpoints.restore(best, best.latest_step(), state)
     result = evaluate(optimization.eval_params(best_state), test)
     result["step"] = int(best_state["step"])
-    workdirs.write_json(os.path.join(workdir, "eval_test.json"), result)
+    if primary:
+        workdirs.write_json(os.path.join(workdir, "eval_test.json"), result)
     return result
+
+
+def _load_data(config: ml_collections.ConfigDict, workdir: str) -> encoding.Encoded:
+    """The encoded splits; process 0 builds and saves the tokenizer first, the others then load
+    it, so that no process reads it half-written."""
+    load = lambda: encoding.load(
+        config.data, add_cls=config.model.pooling == "cls", workdir=workdir
+    )
+    if jax.process_count() == 1:
+        return load()
+    data = load() if distributed.is_primary() else None
+    multihost_utils.sync_global_devices("tokenizer saved")
+    return data or load()
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -106,6 +132,7 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string(
         "workdir", None, "Directory for checkpoints, vocabulary and metrics.", flag_values=fv
     )
+    distributed.define_flags(fv)
 
 
 def main(fv: flags.FlagValues, argv: list[str]) -> None:
@@ -113,7 +140,10 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
     if config is None or not workdir:
         raise UserError("both --config=configs/<name>.py and --workdir=DIR are required")
     start = time.perf_counter()
+    distributed.initialize_from_flags(fv)
     test = train_and_evaluate(config, workdir)
+    if not distributed.is_primary():
+        return
     curves = plots.plot_curves(workdir)
     print(
         f"test accuracy {test['accuracy']:.4f}  macro-F1 {test['macro_f1']:.4f}  "

@@ -21,14 +21,16 @@ from experiments.cli import UserError
 from experiments.data import encoding, tokenizers
 
 MIN_FREE_BYTES = 64 << 20
-_KEY = jax.random.PRNGKey(0)  # shapes only: init runs under jax.eval_shape
+# Shapes only: init runs under jax.eval_shape. Not a key made at import, which would start JAX's
+# backend before a process of several can join the others.
+_KEY = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)
 
 
 def check_writable(workdir: str) -> None:
     """Fails before any work when the workdir cannot hold checkpoints."""
     try:
         os.makedirs(workdir, exist_ok=True)
-        probe = os.path.join(workdir, ".write_test")
+        probe = os.path.join(workdir, f".write_test{jax.process_index()}")
         with open(probe, "w") as f:
             f.write("ok")
         os.remove(probe)

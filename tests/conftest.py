@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,6 +40,53 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+# Runs the real `experiments.train` command line, but stops dead at one point so that the test can
+# SIGKILL it there. PAUSE=step:N stops when the loop asks for the batch of step N (steps up to N-1
+# computed, their metrics logged up to step N-2: they are read one step late);
+# PAUSE=save:<which>/<N> stops inside orbax's atomic save of that checkpoint, after its temporary
+# directory is written and before the rename that would publish it. Without PAUSE it runs through.
+TRAIN_DRIVER = textwrap.dedent(
+    """
+    import os, sys, time
+    from orbax.checkpoint._src.path import atomicity
+    from experiments import cli, train
+    from experiments.data import batching
+
+    kind, _, where = os.environ.get("PAUSE", "none:").partition(":")
+
+    def pause():
+        open(os.environ["PAUSED_FILE"], "w").close()
+        time.sleep(600)
+
+    if kind == "step":
+        real_stream, real_prefetch, first = batching.train_stream, batching.prefetch, []
+
+        def train_stream(*args, start_step, **kw):
+            first.append(start_step + 1)
+            return real_stream(*args, start_step=start_step, **kw)
+
+        def prefetch(stream):
+            for step, batch in enumerate(real_prefetch(stream), first[-1]):
+                if step == int(where):
+                    pause()
+                yield batch
+
+        batching.train_stream, batching.prefetch = train_stream, prefetch
+    elif kind == "save":
+        real_finalize = atomicity.AtomicRenameTemporaryPath.finalize
+
+        async def finalize(self, *args, **kw):
+            if str(self.get_final()).endswith(where):
+                pause()
+            return await real_finalize(self, *args, **kw)
+
+        atomicity.AtomicRenameTemporaryPath.finalize = finalize
+    sys.argv = ["experiments.train", *sys.argv[1:]]
+    cli.main(train.define_flags, train.main)
+    """
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -164,13 +212,19 @@ def metric_rows(workdir: str) -> list[dict]:
 
 
 def saved_state(workdir: str, step: int, which: str = "checkpoints") -> dict:
-    """The raw train state (params, optimizer state, step, rng) of one checkpoint."""
+    """The raw train state (params, optimizer state, step, rng) of one checkpoint, on this
+    process's first device whatever devices saved it."""
     import orbax.checkpoint as ocp
 
     from experiments import checkpoints
 
+    saved = ocp.StandardCheckpointer().metadata(os.path.join(workdir, which, str(step), "state"))
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), saved.item_metadata
+    )
     with checkpoints.reader(workdir, which) as mngr:
-        args = ocp.args.Composite(state=ocp.args.StandardRestore())
+        args = ocp.args.Composite(state=ocp.args.StandardRestore(target))
         return mngr.restore(step, args=args)["state"]
 
 

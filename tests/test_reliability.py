@@ -7,13 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import numpy as np
 import pytest
 from conftest import (
     ROOT,
+    TRAIN_DRIVER,
     assert_one_line_error,
     assert_trees_equal,
     metric_rows,
@@ -28,52 +28,6 @@ from conftest import (
 from experiments import checkpoints
 from experiments.cli import UserError
 
-# Runs the real `experiments.train` command line, but stops dead at one point so that the test can
-# SIGKILL it there. PAUSE=step:N stops when the loop asks for the batch of step N (steps up to N-1
-# computed, their metrics logged up to step N-2: they are read one step late);
-# PAUSE=save:<which>/<N> stops inside orbax's atomic save of that checkpoint, after its temporary
-# directory is written and before the rename that would publish it.
-_DRIVER = textwrap.dedent(
-    """
-    import os, sys, time
-    from orbax.checkpoint._src.path import atomicity
-    from experiments import cli, train
-    from experiments.data import batching
-
-    kind, _, where = os.environ["PAUSE"].partition(":")
-
-    def pause():
-        open(os.environ["PAUSED_FILE"], "w").close()
-        time.sleep(600)
-
-    if kind == "step":
-        real_stream, real_prefetch, first = batching.train_stream, batching.prefetch, []
-
-        def train_stream(*args, start_step, **kw):
-            first.append(start_step + 1)
-            return real_stream(*args, start_step=start_step, **kw)
-
-        def prefetch(stream):
-            for step, batch in enumerate(real_prefetch(stream), first[-1]):
-                if step == int(where):
-                    pause()
-                yield batch
-
-        batching.train_stream, batching.prefetch = train_stream, prefetch
-    else:
-        real_finalize = atomicity.AtomicRenameTemporaryPath.finalize
-
-        async def finalize(self, *args, **kw):
-            if str(self.get_final()).endswith(where):
-                pause()
-            return await real_finalize(self, *args, **kw)
-
-        atomicity.AtomicRenameTemporaryPath.finalize = finalize
-    sys.argv = ["experiments.train", *sys.argv[1:]]
-    cli.main(train.define_flags, train.main)
-    """
-)
-
 
 def _train_killed_at(pause: str, argv: list[str], tmp_path) -> str:
     """Starts training, waits until it reaches `pause`, SIGKILLs it; returns its stderr."""
@@ -82,7 +36,7 @@ def _train_killed_at(pause: str, argv: list[str], tmp_path) -> str:
     env = {**os.environ, "PAUSE": pause, "PAUSED_FILE": str(paused)}
     with open(log, "wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-c", _DRIVER, *argv],
+            [sys.executable, "-c", TRAIN_DRIVER, *argv],
             cwd=ROOT,
             env=env,
             stdout=subprocess.DEVNULL,

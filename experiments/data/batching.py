@@ -10,6 +10,9 @@ epoch's order for (seed, epoch): shuffle with default_rng([seed, epoch]), sort b
 chunks of ~50 batches (similar lengths share a batch: less padding), cut into batches, shuffle the
 batch order. So the order is a pure function of (seed, n), which is what makes resume exact; only
 lengths are touched before a batch is produced, so starting at step n skips cheaply.
+
+Several processes: each builds the same order and keeps only its `rows` of every batch (L is still
+the whole batch's), which the devices module joins into one global batch.
 """
 
 import itertools
@@ -66,8 +69,10 @@ def train_stream(
     max_len: int,
     seed: int,
     start_step: int = 0,
+    rows: slice = slice(None),
 ) -> Iterator[Batch]:
-    """Training batches start_step, start_step + 1, ... across epochs, without end."""
+    """Training batches start_step, start_step + 1, ... across epochs, without end; only `rows`
+    of each."""
     if start_step < 0:
         raise ValueError(f"start_step must be >= 0, got {start_step}")
     if not len(ids):
@@ -78,7 +83,7 @@ def train_stream(
     first_epoch, offset = divmod(start_step, steps_per_epoch(len(ids), batch_size))
     for epoch in itertools.count(first_epoch):
         for idx in epoch_order(lengths, batch_size, seed, epoch)[offset:]:
-            yield _make_batch(ids, labels, idx, batch_size, sizes)
+            yield _make_batch(ids, labels, idx, batch_size, sizes, rows)
         offset = 0
 
 
@@ -89,16 +94,18 @@ def eval_batches(
     batch_size: int,
     buckets: Sequence[int],
     max_len: int,
+    rows: slice = slice(None),
 ) -> Iterator[tuple[np.ndarray, Batch]]:
     """(example indices [n <= B], batch): every example exactly once, sorted by length to pad
-    little; rows n and on are fillers of weight 0."""
+    little; rows n and on are fillers of weight 0. The indices are the whole batch's, the batch
+    only its `rows`."""
     labels = np.asarray(labels, np.int32)
     lengths = np.array([len(s) for s in ids], np.int64)
     order = np.argsort(lengths, kind="stable")
     sizes = bucket_sizes(buckets, max_len)
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
-        yield idx, _make_batch(ids, labels, idx, batch_size, sizes)
+        yield idx, _make_batch(ids, labels, idx, batch_size, sizes, rows)
 
 
 def _make_batch(
@@ -107,17 +114,20 @@ def _make_batch(
     idx: np.ndarray,
     batch_size: int,
     sizes: tuple[int, ...],
+    rows: slice,
 ) -> Batch:
     longest = max((len(ids[i]) for i in idx), default=0)
     L = next((s for s in sizes if s >= longest), sizes[-1])  # longer than max_len: truncated
-    tokens = np.full((batch_size, L), PAD, np.int32)
-    for row, i in enumerate(idx):
+    start, stop, _ = rows.indices(batch_size)
+    own = idx[start:stop]  # fewer than stop - start rows when fillers fall in `rows`
+    tokens = np.full((stop - start, L), PAD, np.int32)
+    for row, i in enumerate(own):
         seq = ids[i][:L]
         tokens[row, : len(seq)] = seq
-    n = len(idx)
-    label = np.zeros(batch_size, np.int32)
-    label[:n] = labels[idx]
-    weight = np.zeros(batch_size, np.float32)
+    n = len(own)
+    label = np.zeros(stop - start, np.int32)
+    label[:n] = labels[own]
+    weight = np.zeros(stop - start, np.float32)
     weight[:n] = 1.0
     return {"tokens": tokens, "mask": tokens != PAD, "label": label, "weight": weight}
 

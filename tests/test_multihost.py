@@ -1,0 +1,195 @@
+"""Several processes on one machine through jax.distributed: two processes of 4 CPU devices each
+(gloo collectives) train like one process, resume exactly after SIGKILL, and a process that
+cannot reach the coordinator stops with one line."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from conftest import (
+    ROOT,
+    TRAIN_DRIVER,
+    _built_once,
+    assert_one_line_error,
+    assert_trees_equal,
+    metric_rows,
+    run,
+    saved_state,
+    tiny_flags,
+)
+
+PEER_TIMEOUT = 15  # seconds: how long a process waits for a silent peer before the job stops
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_job(workdir: str, data_dir: str, log_dir, pauses=(None, None)) -> list:
+    """Starts the two processes of one training job; `pauses` as PAUSE in conftest's driver."""
+    port = _free_port()
+    procs = []
+    for pid, pause in enumerate(pauses):
+        env = {
+            **os.environ,
+            "XLA_FLAGS": f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count=4",
+            "PAUSED_FILE": str(log_dir / f"paused{pid}"),
+        }
+        env.pop("PAUSE", None)
+        if pause:
+            env["PAUSE"] = pause
+        argv = [
+            *tiny_flags(data_dir),
+            f"--workdir={workdir}",
+            f"--coordinator=127.0.0.1:{port}",
+            "--num_processes=2",
+            f"--process_id={pid}",
+            f"--peer_timeout={PEER_TIMEOUT}",
+        ]
+        with open(log_dir / f"out{pid}", "wb") as out, open(log_dir / f"err{pid}", "wb") as err:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", TRAIN_DRIVER, *argv],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=out,
+                    stderr=err,
+                )
+            )
+    return procs
+
+
+def _finish(procs: list, log_dir, timeout: float = 300) -> list[tuple[int, str, str]]:
+    """(exit status, stdout, stderr) of each process, once all have exited."""
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            p.wait(timeout=max(deadline - time.monotonic(), 1))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    read = lambda name: (log_dir / name).read_text("utf-8", "replace")
+    return [(p.returncode, read(f"out{i}"), read(f"err{i}")) for i, p in enumerate(procs)]
+
+
+def _wait_paused(procs: list, log_dir, which: list[int]) -> None:
+    deadline = time.monotonic() + 300
+    while not all((log_dir / f"paused{i}").exists() for i in which):
+        for i, p in enumerate(procs):
+            assert p.poll() is None, (log_dir / f"err{i}").read_text("utf-8", "replace")[-3000:]
+        assert time.monotonic() < deadline, "the job never reached its pause"
+        time.sleep(0.05)
+
+
+def _train_two_processes(data_dir: str, workdir: str, log_dir) -> list[tuple[int, str, str]]:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    return _finish(_start_job(workdir, data_dir, log_dir), log_dir)
+
+
+@pytest.fixture(scope="session")
+def two_process_run(tmp_path_factory, tfds_dir) -> str:
+    """A workdir of configs/default.py:tiny trained by two processes of 4 devices each."""
+
+    def build(path: str) -> None:
+        logs = tmp_path_factory.mktemp("two-process-logs")
+        results = _train_two_processes(tfds_dir, os.path.join(path, "run"), logs)
+        for status, _, err in results:
+            assert status == 0, err[-3000:]
+        (out0, out1) = (r[1] for r in results)
+        # Process 0 alone reports (gloo's own "[Gloo] Rank ... connected" lines aside).
+        assert "test accuracy" in out0 and "test accuracy" not in out1
+
+    return os.path.join(_built_once(tmp_path_factory, "two_processes", build), "run")
+
+
+@pytest.mark.slow
+def test_two_processes_train_like_one(request, two_process_run):
+    trained = request.getfixturevalue("trained")  # one process, one device
+    rows2, rows1 = metric_rows(two_process_run), metric_rows(trained)
+    assert [(r["step"], r["split"]) for r in rows2] == [(r["step"], r["split"]) for r in rows1]
+    for r2, r1 in zip(rows2, rows1, strict=True):
+        assert r2["loss"] == pytest.approx(r1["loss"], abs=1e-5), (r2, r1)
+        assert r2["accuracy"] == pytest.approx(r1["accuracy"], abs=1e-6)
+    for step in (3, 6):
+        leaves2 = jax.tree.leaves(saved_state(two_process_run, step))
+        leaves1 = jax.tree.leaves(saved_state(trained, step))
+        assert len(leaves2) == len(leaves1)
+        for a, b in zip(leaves2, leaves1, strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-5)
+    results = []
+    for w in (two_process_run, trained):
+        with open(os.path.join(w, "eval_test.json"), encoding="utf-8") as f:
+            results.append(json.load(f))
+    assert results[0]["num_examples"] == results[1]["num_examples"] == 1726
+    assert results[0]["confusion"] == results[1]["confusion"]  # every example counted once
+    assert results[0]["step"] == results[1]["step"]
+
+
+@pytest.mark.slow
+def test_sigkill_of_one_process_then_both_then_restart_is_identical(request, tfds_dir, tmp_path):
+    workdir = str(tmp_path / "run")
+    data_dir = tfds_dir
+
+    # One process dies after the step-3 checkpoint: the other stops within the peer timeout.
+    logs = tmp_path / "a"
+    logs.mkdir()
+    procs = _start_job(workdir, data_dir, logs, pauses=(None, "step:5"))
+    _wait_paused(procs, logs, [1])
+    os.kill(procs[1].pid, signal.SIGKILL)
+    (status0, _, err0), (status1, _, _) = _finish(procs, logs, timeout=PEER_TIMEOUT + 90)
+    assert status1 == -signal.SIGKILL and status0 != 0, err0[-3000:]
+
+    # Both die at once, later in the resumed run.
+    logs = tmp_path / "b"
+    logs.mkdir()
+    procs = _start_job(workdir, data_dir, logs, pauses=("step:6", "step:6"))
+    _wait_paused(procs, logs, [0, 1])
+    for p in procs:
+        os.kill(p.pid, signal.SIGKILL)
+    _finish(procs, logs)
+    assert "resuming from step 3 of 6" in (logs / "err0").read_text("utf-8", "replace")
+
+    logs = tmp_path / "c"
+    logs.mkdir()
+    results = _finish(_start_job(workdir, data_dir, logs), logs)
+    for status, _, err in results:
+        assert status == 0, err[-3000:]
+    assert "resuming from step 3 of 6" in results[0][2]
+
+    two_process_run = request.getfixturevalue("two_process_run")  # may be being built meanwhile
+    assert metric_rows(workdir) == metric_rows(two_process_run)
+    for step in (3, 6):
+        assert_trees_equal(saved_state(workdir, step), saved_state(two_process_run, step))
+    with open(os.path.join(workdir, "eval_test.json"), encoding="utf-8") as f:
+        resumed = {k: v for k, v in json.load(f).items() if k != "examples_per_sec"}
+    with open(os.path.join(two_process_run, "eval_test.json"), encoding="utf-8") as f:
+        assert resumed == {k: v for k, v in json.load(f).items() if k != "examples_per_sec"}
+
+
+def test_unreachable_coordinator_is_one_line_error_within_the_timeout(tfds_dir, tmp_path):
+    port = _free_port()  # nobody listens there
+    timeout = 3
+    proc = run(
+        "experiments.train",
+        *tiny_flags(tfds_dir),
+        f"--workdir={tmp_path / 'run'}",
+        f"--coordinator=127.0.0.1:{port}",
+        "--num_processes=2",
+        "--process_id=1",
+        f"--peer_timeout={timeout}",
+        timeout=timeout + 60,  # start-up included; a hang fails here
+    )
+    error = assert_one_line_error(proc, "process 1", f"127.0.0.1:{port}", f"after {timeout} s")
+    assert "cannot reach the coordinator" in error
+    assert not os.path.exists(tmp_path / "run")  # refused before touching the workdir
