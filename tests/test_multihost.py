@@ -122,11 +122,18 @@ def test_two_processes_train_like_one(request, two_process_run):
         assert r2["loss"] == pytest.approx(r1["loss"], abs=1e-5), (r2, r1)
         assert r2["accuracy"] == pytest.approx(r1["accuracy"], abs=1e-6)
     for step in (3, 6):
-        leaves2 = jax.tree.leaves(saved_state(two_process_run, step))
-        leaves1 = jax.tree.leaves(saved_state(trained, step))
-        assert len(leaves2) == len(leaves1)
-        for a, b in zip(leaves2, leaves1, strict=True):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-5)
+        leaves2 = jax.tree_util.tree_leaves_with_path(saved_state(two_process_run, step))
+        leaves1 = jax.tree_util.tree_leaves_with_path(saved_state(trained, step))
+        assert [p for p, _ in leaves2] == [p for p, _ in leaves1]
+        for (path, a), (_, b) in zip(leaves2, leaves1, strict=True):
+            name = jax.tree_util.keystr(path)
+            # The key bias shifts every score of a query alike, which the softmax ignores: its
+            # gradient is rounding noise, which Adam scales up to steps of the learning rate.
+            if name == "['params']['layer_0']['mha']['k']['b']":
+                continue
+            np.testing.assert_allclose(
+                np.asarray(a), np.asarray(b), rtol=0, atol=1e-5, err_msg=name
+            )
     results = []
     for w in (two_process_run, trained):
         with open(os.path.join(w, "eval_test.json"), encoding="utf-8") as f:
