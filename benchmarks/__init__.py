@@ -1,8 +1,8 @@
-"""The benchmark package: `python -m benchmarks [attention|train|accuracy|all]`.
+"""The benchmark package: `python -m benchmarks [attention|train|accuracy|multihost|all]`.
 
-One module per section (`attention`, `train_step`, `accuracy`), the Flax twin the train-step
-section compares against (`flax_twin`), timing helpers (`timing`) and the report writer
-(`report`). `probes/` holds the one-off scripts that explain numbers in analysis.md.
+One module per section (`attention`, `train_step`, `accuracy`, `multihost`), the Flax twin the
+train-step section compares against (`flax_twin`), timing helpers (`timing`) and the report
+writer (`report`). `probes/` holds the one-off scripts that explain numbers in analysis.md.
 """
 
 import os

@@ -3,9 +3,11 @@
   python -m benchmarks [attention|train|accuracy|all] [--out=benchmarks] [--quick]
   python -m benchmarks imdb --imdb_path=DIR/aclImdb [--seeds=0,1,2]
   python -m benchmarks lra
+  python -m benchmarks multihost
 
-`all` is the first three; `imdb` (tens of minutes per seed on 2 cores) and `lra` (the cost of the
-Long Range Arena configs) run only when named.
+`all` is the first three; `imdb` (tens of minutes per seed on 2 cores), `lra` (the cost of the
+Long Range Arena configs) and `multihost` (two processes against one, about 20 minutes) run
+only when named.
 
 Writes `<out>/results.json` (sections not run keep their previous results), `<out>/REPORT.md`
 with every target stated as met or missed, and PNG plots; prints a table per section.
@@ -22,7 +24,7 @@ import time
 import jax
 from absl import flags
 
-from benchmarks import accuracy, attention, imdb, lra, report, train_step
+from benchmarks import accuracy, attention, imdb, lra, multihost, report, train_step
 from experiments import cli
 from experiments.cli import UserError
 
@@ -33,6 +35,7 @@ SECTIONS = {
     "accuracy": lambda fv, prev: accuracy.run(fv.quick),
     "imdb": lambda fv, prev: imdb.run(fv.quick, fv.imdb_path, fv.seeds, prev),
     "lra": lambda fv, prev: lra.run(fv.quick),
+    "multihost": lambda fv, prev: multihost.run(fv.quick),
 }
 ALL = ("attention", "train", "accuracy")
 
