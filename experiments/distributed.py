@@ -5,14 +5,23 @@ Every process runs the same command. It joins the others when it is told how man
 finds the coordinator and its own index by itself on Cloud TPU and under SLURM, and elsewhere
 reads them from `--coordinator=HOST:PORT --process_id=I` (or JAX_COORDINATOR_ADDRESS,
 JAX_PROCESS_ID). Without any of these it is one process, exactly as before.
+
+A process that dies must not leave the others waiting forever in a collective: each process
+beats in the coordination service's key-value store, and a process that sees a peer silent for
+`--peer_timeout` seconds stops with one line naming it (`watch_peers`). JAX's own heartbeat check,
+set to twice that, is the backstop; when process 0 (which hosts the coordination service) dies,
+JAX stops the others at once with its own multi-line message.
 """
 
 import os
 import socket
+import sys
+import threading
 import time
 
 import jax
 from absl import flags
+from jax._src import distributed as jax_distributed
 
 from experiments.cli import UserError
 
@@ -54,8 +63,9 @@ def initialize_from_flags(fv: flags.FlagValues) -> None:
     coordinator = fv.coordinator or env.get("JAX_COORDINATOR_ADDRESS")
     num = fv.num_processes or _int_env("JAX_NUM_PROCESSES")
     pid = fv.process_id if fv.process_id is not None else _int_env("JAX_PROCESS_ID")
-    slurm_tasks = _int_env("SLURM_STEP_NUM_TASKS") or _int_env("SLURM_NTASKS")
-    if coordinator is None and num is None and pid is None and (slurm_tasks or 1) <= 1:
+    # Set by srun for the tasks of one step (not in a batch script that runs python directly).
+    srun_tasks = _int_env("SLURM_STEP_NUM_TASKS") or 1
+    if coordinator is None and num is None and pid is None and srun_tasks <= 1:
         return
     initialize(coordinator, num, pid, timeout=fv.peer_timeout)
 
@@ -89,8 +99,53 @@ def initialize(
         num_processes,
         process_id,
         initialization_timeout=timeout,
-        heartbeat_timeout_seconds=timeout,
+        heartbeat_timeout_seconds=2 * timeout,
+        shutdown_timeout_seconds=timeout,
     )
+    threading.Thread(target=watch_peers, args=(timeout,), daemon=True).start()
+
+
+def watch_peers(timeout: float, beat_seconds: float = 1.0) -> None:
+    """Runs forever: beats for this process, and ends the process with a one-line error when a
+    peer has not beaten for `timeout` seconds or the coordination service is gone."""
+    # JAX has no public handle on the coordination service's key-value store (orbax reads the
+    # same attribute).
+    state = jax_distributed.global_state
+    client, me, n = state.client, state.process_id, state.num_processes
+    seen: dict[int, tuple[str, float]] = {}  # peer -> (its last beat, when it changed)
+    for beat in range(sys.maxsize):
+        now = time.monotonic()
+        try:
+            client.key_value_set(f"attn/alive/{me}", str(beat), allow_overwrite=True)
+            for peer in (p for p in range(n) if p != me):
+                try:
+                    value = client.key_value_try_get(f"attn/alive/{peer}")
+                except Exception as e:  # not beaten yet: its clock starts now
+                    if "NOT_FOUND" not in str(e):
+                        raise
+                    value = ""
+                if seen.get(peer, (None,))[0] != value:
+                    seen[peer] = (value, now)
+                elif now - seen[peer][1] > timeout:
+                    _stop(
+                        f"process {peer} of {n} has been silent for {timeout:.0f} s (it died or "
+                        f"lost the network), so process {me} stops too"
+                    )
+        except Exception as e:  # the service itself is unreachable: process 0 is gone
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            _stop(f"process {me} of {n} lost the coordinator, process 0 ({reason})")
+        time.sleep(beat_seconds)
+
+
+def _stop(message: str) -> None:
+    """Ends this process at once: its main thread may be blocked in a collective for good."""
+    print(  # on a line of its own, even after the progress bar's
+        f"\nerror: {message}; rerun the same command on every process to resume from the last "
+        "checkpoint",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(1)
 
 
 def is_primary() -> bool:

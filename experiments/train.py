@@ -68,9 +68,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     ):
         state, meta = checkpoints.resume(last, devices.replicate(state, dp), meta, workdir)
         start = int(state["step"])
-        if start and primary:
-            print(f"resuming from step {start} of {total_steps}", file=sys.stderr)
         if primary:
+            if start:
+                print(f"resuming from step {start} of {total_steps}", file=sys.stderr)
             workdirs.write_json(os.path.join(workdir, "config.json"), config.to_dict())
         stream = batching.train_stream(
             train.ids,

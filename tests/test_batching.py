@@ -186,3 +186,28 @@ def test_prefetch_producer_stops_when_consumer_stops():
     while threading.active_count() > before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert threading.active_count() == before
+
+
+def test_rows_of_each_process_make_up_the_whole_batch():
+    """Several processes each build their rows of a batch; together they are the one batch a
+    single process builds, with its bucket length (set by the longest example of all rows)."""
+    encoded, labels = _data(n=103)
+    kw = {"batch_size": 12, "buckets": BUCKETS, "max_len": MAX_LEN}
+    parts = [slice(0, 4), slice(4, 8), slice(8, 12)]  # three processes
+
+    def train(rows=slice(None)):
+        return itertools.islice(batching.train_stream(encoded, labels, seed=3, rows=rows, **kw), 20)
+
+    def evaluate(rows=slice(None)):
+        return [b for _, b in batching.eval_batches(encoded, labels, rows=rows, **kw)]
+
+    assert 103 % 12 == 7  # last eval batch: process 1 holds a filler row, process 2 only fillers
+    for make in (train, evaluate):
+        wholes, shares = list(make()), [list(make(r)) for r in parts]
+        assert all(len(s) == len(wholes) for s in shares)
+        for n, whole in enumerate(wholes):
+            for key in whole:
+                assert all(s[n][key].shape[0] == 4 for s in shares)
+                np.testing.assert_array_equal(
+                    np.concatenate([s[n][key] for s in shares]), whole[key]
+                )
