@@ -280,6 +280,73 @@ def trained(tmp_path_factory, tfds_dir) -> str:
     return _built_once(tmp_path_factory, "trained", run_tiny)
 
 
+_EIGHT_DEVICES = textwrap.dedent(
+    """
+    import sys
+    import jax
+    from conftest import tiny_config
+    from experiments import train
+    assert jax.device_count() == 8, jax.devices()
+    train.train_and_evaluate(tiny_config(sys.argv[1]), sys.argv[2])
+    """
+)
+
+
+@pytest.fixture(scope="session")
+def eight_devices(tmp_path_factory, tfds_dir) -> str:
+    """The workdir of `trained`'s run, on 8 devices of one process."""
+
+    def run_tiny(workdir: str) -> None:
+        env = {
+            **os.environ,
+            "XLA_FLAGS": f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count=8",
+            "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}",
+        }
+        proc = subprocess.run(
+            [sys.executable, "-c", _EIGHT_DEVICES, tfds_dir, workdir],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    return _built_once(tmp_path_factory, "eight_devices", run_tiny)
+
+
+# The key bias shifts every score of a query alike, which the softmax ignores: its gradient is
+# rounding noise, which Adam scales up to steps of the learning rate in any device layout.
+_NOISE_ONLY = "['params']['layer_0']['mha']['k']['b']"
+
+
+def assert_same_training(workdir: str, reference: str) -> None:
+    """The same run on another device layout: logged losses within 1e-5, accuracies within 1e-6,
+    every checkpointed parameter and optimizer entry within 1e-5, the same test results."""
+    rows, ref_rows = metric_rows(workdir), metric_rows(reference)
+    assert [(r["step"], r["split"]) for r in rows] == [(r["step"], r["split"]) for r in ref_rows]
+    for r, r1 in zip(rows, ref_rows, strict=True):
+        assert r["loss"] == pytest.approx(r1["loss"], abs=1e-5), (r, r1)
+        assert r["accuracy"] == pytest.approx(r1["accuracy"], abs=1e-6)
+    for step in (3, 6):
+        leaves = jax.tree_util.tree_leaves_with_path(saved_state(workdir, step))
+        ref_leaves = jax.tree_util.tree_leaves_with_path(saved_state(reference, step))
+        assert [p for p, _ in leaves] == [p for p, _ in ref_leaves]
+        for (path, a), (_, b) in zip(leaves, ref_leaves, strict=True):
+            name = jax.tree_util.keystr(path)
+            if name != _NOISE_ONLY:
+                np.testing.assert_allclose(
+                    np.asarray(a), np.asarray(b), rtol=0, atol=1e-5, err_msg=name
+                )
+    results = []
+    for w in (workdir, reference):
+        with open(os.path.join(w, "eval_test.json"), encoding="utf-8") as f:
+            results.append(json.load(f))
+    assert results[0]["num_examples"] == results[1]["num_examples"]
+    assert results[0]["confusion"] == results[1]["confusion"]  # every example counted once
+    assert results[0]["step"] == results[1]["step"]
+
+
 @pytest.fixture
 def trained_copy(trained, tmp_path) -> str:
     workdir = str(tmp_path / "copy")

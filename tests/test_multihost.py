@@ -10,14 +10,13 @@ import subprocess
 import sys
 import time
 
-import jax
-import numpy as np
 import pytest
 from conftest import (
     ROOT,
     TRAIN_DRIVER,
     _built_once,
     assert_one_line_error,
+    assert_same_training,
     assert_trees_equal,
     metric_rows,
     run,
@@ -115,32 +114,9 @@ def two_process_run(tmp_path_factory, tfds_dir) -> str:
 
 @pytest.mark.slow
 def test_two_processes_train_like_one(request, two_process_run):
-    trained = request.getfixturevalue("trained")  # one process, one device
-    rows2, rows1 = metric_rows(two_process_run), metric_rows(trained)
-    assert [(r["step"], r["split"]) for r in rows2] == [(r["step"], r["split"]) for r in rows1]
-    for r2, r1 in zip(rows2, rows1, strict=True):
-        assert r2["loss"] == pytest.approx(r1["loss"], abs=1e-5), (r2, r1)
-        assert r2["accuracy"] == pytest.approx(r1["accuracy"], abs=1e-6)
-    for step in (3, 6):
-        leaves2 = jax.tree_util.tree_leaves_with_path(saved_state(two_process_run, step))
-        leaves1 = jax.tree_util.tree_leaves_with_path(saved_state(trained, step))
-        assert [p for p, _ in leaves2] == [p for p, _ in leaves1]
-        for (path, a), (_, b) in zip(leaves2, leaves1, strict=True):
-            name = jax.tree_util.keystr(path)
-            # The key bias shifts every score of a query alike, which the softmax ignores: its
-            # gradient is rounding noise, which Adam scales up to steps of the learning rate.
-            if name == "['params']['layer_0']['mha']['k']['b']":
-                continue
-            np.testing.assert_allclose(
-                np.asarray(a), np.asarray(b), rtol=0, atol=1e-5, err_msg=name
-            )
-    results = []
-    for w in (two_process_run, trained):
-        with open(os.path.join(w, "eval_test.json"), encoding="utf-8") as f:
-            results.append(json.load(f))
-    assert results[0]["num_examples"] == results[1]["num_examples"] == 1726
-    assert results[0]["confusion"] == results[1]["confusion"]  # every example counted once
-    assert results[0]["step"] == results[1]["step"]
+    """Two processes of 4 devices = one process of 8 devices = one process of 1 device."""
+    assert_same_training(two_process_run, request.getfixturevalue("eight_devices"))
+    assert_same_training(two_process_run, request.getfixturevalue("trained"))
 
 
 @pytest.mark.slow

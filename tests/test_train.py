@@ -2,15 +2,12 @@
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 
 import jax
 import numpy as np
 import pytest
 from conftest import (
-    ROOT,
+    assert_same_training,
     assert_trees_equal,
     metric_rows,
     saved_state,
@@ -117,41 +114,9 @@ def test_checkpoint_of_another_model_is_refused_naming_fields(trained_copy, tfds
     assert tree_hash(trained_copy) == before
 
 
-_MULTI_DEVICE = textwrap.dedent(
-    """
-    import json, sys
-    import jax
-    from conftest import metric_rows, tiny_config
-    from experiments import train
-    assert jax.device_count() == 8, jax.devices()
-    train.train_and_evaluate(tiny_config(sys.argv[1]), sys.argv[2])
-    print(json.dumps(metric_rows(sys.argv[2])))
-    """
-)
-
-
 @pytest.mark.slow
-def test_eight_devices_give_the_same_per_step_loss(request, tfds_dir, tmp_path):
-    env = {
-        **os.environ,
-        "XLA_FLAGS": f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count=8",
-        "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}",
-    }
-    proc = subprocess.run(
-        [sys.executable, "-c", _MULTI_DEVICE, tfds_dir, str(tmp_path / "run")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows8 = json.loads(proc.stdout.strip().splitlines()[-1])
-    rows1 = metric_rows(request.getfixturevalue("trained"))  # only now: it may be being built
-    assert [(r["step"], r["split"]) for r in rows8] == [(r["step"], r["split"]) for r in rows1]
-    for r8, r1 in zip(rows8, rows1, strict=True):
-        assert r8["loss"] == pytest.approx(r1["loss"], abs=1e-5), (r8, r1)
-        assert r8["accuracy"] == pytest.approx(r1["accuracy"], abs=1e-6)
+def test_eight_devices_train_like_one(request, eight_devices):
+    assert_same_training(eight_devices, request.getfixturevalue("trained"))
 
 
 def test_weight_average_is_what_evaluate_and_predict_use(tfds_dir, tmp_path):
