@@ -25,7 +25,7 @@ def test_committed_report_is_what_the_writer_makes_of_the_committed_results(tmp_
     written = (tmp_path / "REPORT.md").read_text(encoding="utf-8")
     assert written == (COMMITTED / "REPORT.md").read_text(encoding="utf-8")
     assert json.loads((tmp_path / "results.json").read_text(encoding="utf-8")) == results
-    for section in ("## 1. Attention", "## 2. Train step", "## 3. Accuracy"):
+    for section in ("## 1. Attention", "## 2. Train step", "## 3. Accuracy", "## 4. Several"):
         assert section in written
     assert written.count("**met**") + written.count("**missed**") >= 6
     for png in ("attention_time.png", "attention_memory.png"):
@@ -95,7 +95,8 @@ def test_time_interleaved_alternates():
 
 def test_unknown_section_is_user_error(capsys):
     assert cli.run(bench_main.define_flags, bench_main.main, ["benchmarks", "speed"]) == 2
-    assert "attention, train, accuracy, imdb, lra, all; got ['speed']" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "attention, train, accuracy, imdb, lra, multihost, all; got ['speed']" in err
 
 
 @pytest.mark.parametrize(
