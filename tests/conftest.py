@@ -50,6 +50,7 @@ jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 TRAIN_DRIVER = textwrap.dedent(
     """
     import os, sys, time
+    import jax
     from orbax.checkpoint._src.path import atomicity
     from experiments import cli, train
     from experiments.data import batching
@@ -70,6 +71,10 @@ TRAIN_DRIVER = textwrap.dedent(
         def prefetch(stream):
             for step, batch in enumerate(real_prefetch(stream), first[-1]):
                 if step == int(where):
+                    # Steps dispatched earlier finish first: a kill in the middle of one of
+                    # gloo's exchanges can abort a peer process instead of leaving it waiting.
+                    for array in jax.live_arrays():
+                        array.block_until_ready()
                     pause()
                 yield batch
 
