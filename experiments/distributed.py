@@ -61,7 +61,7 @@ def initialize_from_flags(fv: flags.FlagValues) -> None:
     """Joins the job the flags and the environment describe; nothing when they describe none."""
     env = os.environ
     coordinator = fv.coordinator or env.get("JAX_COORDINATOR_ADDRESS")
-    num = fv.num_processes or _int_env("JAX_NUM_PROCESSES")
+    num = fv.num_processes if fv.num_processes is not None else _int_env("JAX_NUM_PROCESSES")
     pid = fv.process_id if fv.process_id is not None else _int_env("JAX_PROCESS_ID")
     # Set by srun for the tasks of one step (not in a batch script that runs python directly).
     srun_tasks = _int_env("SLURM_STEP_NUM_TASKS") or 1

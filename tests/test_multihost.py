@@ -20,6 +20,7 @@ from conftest import (
     assert_trees_equal,
     metric_rows,
     run,
+    run_here,
     saved_state,
     tiny_flags,
 )
@@ -179,3 +180,24 @@ def test_unreachable_coordinator_is_one_line_error_within_the_timeout(tfds_dir, 
     error = assert_one_line_error(proc, "process 1", f"127.0.0.1:{port}", f"after {timeout} s")
     assert "cannot reach the coordinator" in error
     assert not os.path.exists(tmp_path / "run")  # refused before touching the workdir
+
+
+@pytest.mark.parametrize(
+    "flags, env, fragment",
+    [
+        (["--num_processes=2", "--process_id=2"], {}, "--process_id=2 is not in 0 .. 1"),
+        (["--num_processes=0"], {}, "--num_processes must be >= 1"),
+        (["--coordinator=10.0.0.1"], {}, "--coordinator='10.0.0.1' is not HOST:PORT"),
+        (["--num_processes=2", "--peer_timeout=0"], {}, "--peer_timeout must be >= 1"),
+        ([], {"JAX_NUM_PROCESSES": "two"}, "$JAX_NUM_PROCESSES='two' is not an integer"),
+    ],
+)
+def test_bad_process_settings_are_one_line_errors(
+    flags, env, fragment, tfds_dir, tmp_path, capsys, monkeypatch
+):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    workdir = tmp_path / "run"
+    argv = [*tiny_flags(tfds_dir), f"--workdir={workdir}", *flags]
+    assert_one_line_error(run_here("experiments.train", *argv, capsys=capsys), fragment)
+    assert not workdir.exists()
