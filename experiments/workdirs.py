@@ -55,6 +55,7 @@ class Trained:
     tokenizer: tokenizers.Tokenizer
     label_names: tuple[str, ...]
     step: int
+    source: str  # which checkpoint this is, for the user: see `_describe`
 
 
 def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
@@ -91,7 +92,24 @@ def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
         served = "ema" if meta.get("ema", False) else "params"
         target = {served: jax.eval_shape(lambda key: classifier.init(key, cfg), _KEY)}
         state, _ = checkpoints.restore(mngr, step, target, partial=True)
-    return Trained(config, cfg, state[served], tok, tuple(meta["label_names"]), step)
+    source = _describe(workdir, which, step, meta)
+    return Trained(config, cfg, state[served], tok, tuple(meta["label_names"]), step, source)
+
+
+def _describe(workdir: str, which: str, step: int, meta: dict) -> str:
+    """E.g. "the best checkpoint (step 60, validation accuracy 0.8125) of runs/x; training has not
+    finished (last checkpoint: step 100)": a half-trained workdir answers, but says so."""
+    if which == checkpoints.BEST:
+        what = f"the best checkpoint (step {step}, validation accuracy "
+        what += f"{meta['best_val_accuracy']:.4f})"
+    else:
+        what = f"the last checkpoint (step {step})"
+    what += f" of {workdir}"
+    if not os.path.exists(os.path.join(workdir, "eval_test.json")):  # written when training ends
+        last = checkpoints.latest_step(workdir, checkpoints.LAST)
+        what += "; training has not finished"
+        what += f" (last checkpoint: step {last})" if last is not None else ""
+    return what
 
 
 def encode(trained: Trained, text: str) -> np.ndarray:

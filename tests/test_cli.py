@@ -24,8 +24,8 @@ def test_evaluate_predict_visualize_commands(trained_copy, capsys):
     # A real process: stdout, stderr and the exit status as a shell sees them.
     proc = run("experiments.predict", f"--workdir={trained_copy}", "--top=2", "很好看", "太差了")
     assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 2
+    header, *lines = proc.stdout.strip().splitlines()
+    assert header.startswith("label\tprobability\t") and len(lines) == 2
     for line, text in zip(lines, ("很好看", "太差了"), strict=True):
         label, prob, top = line.split("\t")
         assert label in ("neg", "pos") and 0.5 <= float(prob) <= 1.0

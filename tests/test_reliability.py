@@ -280,13 +280,16 @@ def test_commands_that_write_into_a_read_only_workdir(argv, trained, tmp_path, c
 # Bad input: a correct answer or a one-line UserError, and the workdir left exactly as it was.
 
 ANSWER = None  # expected outcome: an answer, not an error
+NO_KNOWN = "no known tokens"  # expected outcome: label unknown, no probability
 MB_LINE = "好" * 350_000  # 1.05 MB of UTF-8
 
-# name -> (text, None for an answer or a fragment of the error message)
+# name -> (text, None for an answer, NO_KNOWN, or a fragment of the error message)
 TEXTS = {
     "empty": ("", "empty"),
     "whitespace only": (" \t\u3000 ", "empty"),
-    "only unknown characters": ("𓀀𓀁𓀂", ANSWER),
+    "only unknown characters": ("𓀀𓀁𓀂", NO_KNOWN),
+    "emoji": ("🤮🤮🤮🤮", NO_KNOWN),
+    "nul bytes only": ("\x00\x00", NO_KNOWN),
     "invalid utf-8": (b"\xff\xfe\xb0".decode("utf-8", "surrogateescape"), "UTF-8"),
     "nul bytes": ("好\x00看\x00", ANSWER),
     "1 MB line": (MB_LINE, ANSWER),
@@ -307,34 +310,67 @@ def test_predict_bad_text(case, loaded, trained):
 
     text, error = TEXTS[case]
     before = tree_hash(trained)
-    if error:
+    if error == NO_KNOWN:  # no confident answer about a text the model cannot read
+        p = predict.predict_one(loaded, text, top=5)
+        assert p["label"] is None and p["probability"] is None and p["known_tokens"] == 0
+        assert NO_KNOWN in p["note"] and p["num_tokens"] >= 1
+    elif error:
         with pytest.raises(UserError, match=error) as e:
             predict.predict_one(loaded, text, top=5)
         assert "\n" not in str(e.value)
     else:
         p = predict.predict_one(loaded, text, top=5)
         assert p["label"] in loaded.label_names and 0.5 <= p["probability"] <= 1.0
-        assert 1 <= p["num_tokens"] <= loaded.cfg.max_len and len(p["top_tokens"]) <= 5
+        assert 1 <= p["known_tokens"] <= p["num_tokens"] <= loaded.cfg.max_len
+        assert len(p["top_tokens"]) <= 5
         assert all(np.isfinite(w) for _, w in p["top_tokens"])
     assert tree_hash(trained) == before
 
 
 def test_predict_command_bad_lines_on_stdin(trained, capsys):
-    """All cases at once through stdin: good lines answered, bad ones one error line each."""
+    """All cases at once through stdin, with trailing blank lines: one output line per input line
+    in text and in JSON, one error line on stderr per bad text, and the checkpoint named."""
+    from experiments import predict
+
     lines = [t.encode("utf-8", "surrogateescape") for t, _ in TEXTS.values()]
     before = tree_hash(trained)
-    stdin = b"\n".join(lines) + b"\n"
-    proc = run_here("experiments.predict", f"--workdir={trained}", stdin=stdin, capsys=capsys)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    errors = proc.stderr.strip().splitlines()
-    bad = [n for n, (_, error) in enumerate(TEXTS.values(), 1) if error]
-    assert len(errors) == len(bad)
-    for line, n in zip(errors, bad, strict=True):
-        assert line.startswith(f"error: text {n}: "), line
-    answers = proc.stdout.strip().splitlines()
-    assert len(answers) == len(TEXTS) - len(bad)
-    assert all(a.split("\t")[0] in ("neg", "pos") for a in answers)
+    stdin = b"\n".join(lines) + b"\n\n \n"
+    bad = [n for n, (_, error) in enumerate(TEXTS.values(), 1) if error not in (ANSWER, NO_KNOWN)]
+    for as_json in (False, True):
+        argv = [f"--workdir={trained}", *(["--json"] if as_json else [])]
+        proc = run_here("experiments.predict", *argv, stdin=stdin, capsys=capsys)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        source, *errors = proc.stderr.strip().splitlines()
+        assert source.startswith("answering from the best checkpoint (step "), source
+        assert len(errors) == len(bad)
+        for line, n in zip(errors, bad, strict=True):
+            assert line.startswith(f"error: text {n}: "), line
+        answers = proc.stdout.strip("\n").split("\n")
+        if not as_json:
+            assert answers.pop(0) == predict.HEADER
+        assert len(answers) == len(TEXTS)  # lined up with the input
+        for answer, (_, error) in zip(answers, TEXTS.values(), strict=True):
+            if as_json:
+                p = json.loads(answer)
+                label = "error" if "error" in p else p["label"] or "unknown"
+            else:
+                label, _, why = answer.split("\t")
+            expected = {ANSWER: ("neg", "pos"), NO_KNOWN: ("unknown",)}.get(error, ("error",))
+            assert label in expected, (answer, error)
+            if label == "error":
+                assert error in (p["error"] if as_json else why)
     assert tree_hash(trained) == before
+
+
+def test_predict_trailing_blank_line_and_half_trained_workdir(trained_copy, capsys):
+    """A blank last line of stdin is no text; a workdir whose training has not finished says so."""
+    os.remove(os.path.join(trained_copy, "eval_test.json"))
+    proc = run_here(
+        "experiments.predict", f"--workdir={trained_copy}", stdin=b"\xe5\xa5\xbd\n\n", capsys=capsys
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.strip().splitlines()) == 2  # header and one answer
+    assert "training has not finished (last checkpoint: step 6)" in proc.stderr
 
 
 @pytest.fixture(scope="module")
