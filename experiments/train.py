@@ -62,9 +62,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     ):
         state, meta = checkpoints.resume(last, jax.device_put(state, replicated), meta, workdir)
         start = int(state["step"])
+        workdirs.check_same_run(config, workdir)
         if start:
             print(f"resuming from step {start} of {total_steps}", file=sys.stderr)
+        # Only now, every check passed: a refused run leaves no config or vocabulary behind.
         workdirs.write_json(os.path.join(workdir, "config.json"), config.to_dict())
+        if not os.path.exists(os.path.join(workdir, "tokenizer.json")):
+            data.tokenizer.save(workdir)
         stream = batching.train_stream(
             train.ids, train.labels, seed=t.seed, start_step=start, **batching.options(d)
         )

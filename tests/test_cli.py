@@ -152,6 +152,26 @@ CASES = {
         ["experiments.train", *tiny_flags("{t}"), "--workdir={w}", "--config.model.d_model=32"],
         ["d_model: checkpoint 16 vs config 32"],
     ),
+    "resume with another tokenizer": (
+        "copy",
+        ["experiments.train", *tiny_flags("{t}"), "--workdir={w}", "--config.data.tokenizer=word"],
+        ["data.tokenizer: workdir 'char' vs config 'word'"],
+    ),
+    "resume with another vocabulary cut": (
+        "copy",
+        ["experiments.train", *tiny_flags("{t}"), "--workdir={w}", "--config.data.min_freq=50"],
+        ["data.min_freq: workdir 2 vs config 50"],
+    ),
+    "resume with another learning rate": (
+        "copy",
+        [
+            "experiments.train",
+            *tiny_flags("{t}"),
+            "--workdir={w}",
+            "--config.optim.learning_rate=1",
+        ],
+        ["optim.learning_rate: workdir 0.005 vs config 1.0"],
+    ),
     "resume with the weight average switched on": (
         "copy",
         ["experiments.train", *tiny_flags("{t}"), "--workdir={w}", "--config.optim.ema_decay=0.9"],
