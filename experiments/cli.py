@@ -15,6 +15,7 @@ from absl import app, flags, logging
 
 Define = Callable[[flags.FlagValues], None]
 Main = Callable[[flags.FlagValues, list[str]], int | None]
+INTERRUPTED = 130  # the shell's status for Ctrl-C
 
 
 class UserError(Exception):
@@ -76,7 +77,18 @@ def main(define_flags: Define, entry: Main) -> None:
             sys.exit(status)
         return rest[0]
 
-    app.run(lambda argv: _reported(lambda: entry(flags.FLAGS, argv)), flags_parser=parse_or_exit)
+    def run_entry(argv: list[str]) -> int:
+        status = _reported(lambda: entry(flags.FLAGS, argv))
+        if status == INTERRUPTED:
+            # Ctrl-C during a compile stops jax's wait for it, not XLA's compiler thread; letting
+            # the interpreter finalize under that thread segfaults seconds later. Everything the
+            # command writes is closed by now (with-blocks), so end the process without finalizing.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+        return status
+
+    app.run(run_entry, flags_parser=parse_or_exit)
 
 
 def _reported(fn: Callable[[], int | None]) -> int:
@@ -92,9 +104,9 @@ def _reported(fn: Callable[[], int | None]) -> int:
         where = f": {e.filename}" if e.filename else ""
         print(f"error: {e.strerror or e}{where}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # raised with a message by a command that can say more
+        print(f"interrupted; {e}" if str(e) else "interrupted", file=sys.stderr)
+        return INTERRUPTED
 
 
 def _one_line(message: str) -> str:

@@ -117,7 +117,18 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
     if config is None or not workdir:
         raise UserError("both --config=configs/<name>.py and --workdir=DIR are required")
     start = time.perf_counter()
-    test = train_and_evaluate(config, workdir)
+    try:
+        test = train_and_evaluate(config, workdir)
+    except KeyboardInterrupt:
+        step = checkpoints.latest_step(workdir, LAST)
+        if step is None:
+            raise KeyboardInterrupt(
+                "no checkpoint was complete yet; rerun the same command to start over"
+            ) from None
+        raise KeyboardInterrupt(
+            f"the last complete checkpoint is step {step} in {os.path.join(workdir, LAST)}; "
+            "rerun the same command to resume from it"
+        ) from None
     curves = plots.plot_curves(workdir)
     print(
         f"test accuracy {test['accuracy']:.4f}  macro-F1 {test['macro_f1']:.4f}  "

@@ -103,6 +103,74 @@ def _train_killed_at(pause: str, argv: list[str], tmp_path) -> str:
     return log.read_text("utf-8", "replace")
 
 
+# The real `experiments.train` command line without the persistent compile cache, so that every
+# run compiles; it creates COMPILING_FILE when XLA starts compiling the train step.
+_COMPILE_DRIVER = textwrap.dedent(
+    """
+    import os, sys
+    import jax
+    from jax._src import compiler
+    from experiments import cli, train
+
+    jax.config.update("jax_enable_compilation_cache", False)
+    real_compile = compiler.backend_compile_and_load
+
+    def backend_compile_and_load(backend, module, *args, **kw):
+        if "train_step" in str(module.operation.attributes["sym_name"]):
+            open(os.environ["COMPILING_FILE"], "w").close()
+        return real_compile(backend, module, *args, **kw)
+
+    compiler.backend_compile_and_load = backend_compile_and_load
+    sys.argv = ["experiments.train", *sys.argv[1:]]
+    cli.main(train.define_flags, train.main)
+    """
+)
+
+
+@pytest.mark.slow
+def test_ctrl_c_after_a_checkpoint_and_during_a_resumed_compile(tfds_dir, tmp_path):
+    """Ctrl-C, then Ctrl-C again while the rerun compiles its train step (XLA keeps compiling in a
+    thread of its own): both exit 130, naming the last checkpoint and how to resume."""
+    workdir = str(tmp_path / "run")
+    argv = [*tiny_flags(tfds_dir), f"--workdir={workdir}", "--config.train.max_steps=100000"]
+    compiling = tmp_path / "compiling"
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env["COMPILING_FILE"] = str(compiling)
+    for attempt, ready in enumerate(
+        (lambda: checkpoints.latest_step(workdir, checkpoints.LAST), compiling.exists)
+    ):
+        err = tmp_path / f"attempt{attempt}.log"
+        compiling.unlink(missing_ok=True)
+        with open(err, "wb") as f:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _COMPILE_DRIVER, *argv],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=f,
+            )
+            try:
+                deadline = time.monotonic() + 300
+                while not ready():
+                    assert proc.poll() is None, err.read_text("utf-8", "replace")[-3000:]
+                    assert time.monotonic() < deadline, err.read_text("utf-8", "replace")[-3000:]
+                    time.sleep(0.05)
+                proc.send_signal(signal.SIGINT)
+                proc.wait(timeout=120)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+        stderr = err.read_text("utf-8", "replace")
+        assert proc.returncode == 130, stderr[-3000:]
+        assert ("resuming from step" in stderr) == (attempt == 1)
+        step = checkpoints.latest_step(workdir, checkpoints.LAST)
+        last = stderr.strip().splitlines()[-1]
+        assert last == (
+            f"interrupted; the last complete checkpoint is step {step} in "
+            f"{os.path.join(workdir, 'checkpoints')}; rerun the same command to resume from it"
+        ), stderr[-3000:]
+
+
 def _tmp_dirs(workdir: str, which: str) -> list[str]:
     return [n for n in os.listdir(os.path.join(workdir, which)) if "tmp" in n]
 
