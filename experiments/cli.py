@@ -16,6 +16,7 @@ from absl import app, flags, logging
 Define = Callable[[flags.FlagValues], None]
 Main = Callable[[flags.FlagValues, list[str]], int | None]
 INTERRUPTED = 130  # the shell's status for Ctrl-C
+BROKEN_PIPE = 141  # ... and for a reader of stdout that went away (`| head`)
 
 
 class UserError(Exception):
@@ -79,11 +80,13 @@ def main(define_flags: Define, entry: Main) -> None:
 
     def run_entry(argv: list[str]) -> int:
         status = _reported(lambda: entry(flags.FLAGS, argv))
-        if status == INTERRUPTED:
+        if status in (INTERRUPTED, BROKEN_PIPE):
             # Ctrl-C during a compile stops jax's wait for it, not XLA's compiler thread; letting
             # the interpreter finalize under that thread segfaults seconds later. Everything the
             # command writes is closed by now (with-blocks), so end the process without finalizing.
-            sys.stdout.flush()
+            # A broken stdout cannot be flushed: skipping that is how it ends quietly.
+            if status == INTERRUPTED:
+                sys.stdout.flush()
             sys.stderr.flush()
             os._exit(status)
         return status
@@ -100,6 +103,8 @@ def _reported(fn: Callable[[], int | None]) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # stdout's reader stopped reading: end quietly, as Unix tools do
+        return BROKEN_PIPE
     except OSError as e:  # a read-only or full disk: the machine's state, not a bug to trace
         where = f": {e.filename}" if e.filename else ""
         print(f"error: {e.strerror or e}{where}", file=sys.stderr)

@@ -5,9 +5,11 @@ resume also run as real processes."""
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
-from conftest import assert_one_line_error, run, run_here, tiny_flags, tree_hash
+from conftest import ROOT, assert_one_line_error, run, run_here, tiny_flags, tree_hash
 
 
 def test_evaluate_predict_visualize_commands(trained_copy, capsys):
@@ -212,3 +214,18 @@ def test_refused_resume_exits_cleanly(trained_copy, tfds_dir):
         "(ema: checkpoint False vs config True); use a new --workdir or the original config"
     ]
     assert tree_hash(trained_copy) == {k: v for k, v in before.items() if "tmp" not in k}
+
+
+def test_output_into_a_closed_pipe_ends_quietly(trained):
+    """`predict ... | head -0`: the reader is gone before the first line; no error, no traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "experiments.predict", f"--workdir={trained}", "很好"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    proc.stdout.close()
+    err = proc.stderr.read().decode("utf-8", "replace")
+    proc.wait(timeout=300)
+    assert proc.returncode == 141, err
+    assert "error" not in err and "Traceback" not in err and "Exception" not in err, err
