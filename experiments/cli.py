@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 import ml_collections
 from absl import app, flags, logging
 
+from configs.default import MEANINGS
+
 Define = Callable[[flags.FlagValues], None]
 Main = Callable[[flags.FlagValues, list[str]], int | None]
 INTERRUPTED = 130  # the shell's status for Ctrl-C
@@ -35,6 +37,19 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
         return module.get_config(arg or None)
     except Exception as e:  # a broken or unknown config is the user's to fix
         raise UserError(f"cannot load config {spec!r}: {e}") from None
+
+
+def describe_config(config: ml_collections.ConfigDict) -> str:
+    """Every field as `section.field = value  # meaning`, one per line, overrides applied."""
+    rows = [
+        (f"{section}.{field}", repr(value))
+        for section, fields in config.to_dict().items()
+        for field, value in fields.items()
+    ]
+    width = max(len(name) + len(value) for name, value in rows) + 4  # " = " and a space
+    return "\n".join(
+        f"{f'{name} = {value}':<{width}}# {MEANINGS.get(name, '')}".rstrip() for name, value in rows
+    )
 
 
 def parse(fv: flags.FlagValues, argv: Sequence[str]) -> list[str]:

@@ -2,6 +2,7 @@
 
   python -m experiments.train --config=configs/default.py --workdir=runs/default \
       [--config.model.num_layers=2 ...]
+  python -m experiments.train --config=configs/default.py --print_config   # fields, no training
 
 `main` is a thin wrapper over `train_and_evaluate(config, workdir)`, which a notebook can call.
 """
@@ -110,10 +111,19 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string(
         "workdir", None, "Directory for checkpoints, vocabulary and metrics.", flag_values=fv
     )
+    flags.DEFINE_boolean(
+        "print_config",
+        False,
+        "Print every config field with its value (overrides applied) and meaning, then exit.",
+        flag_values=fv,
+    )
 
 
 def main(fv: flags.FlagValues, argv: list[str]) -> None:
     config, workdir = fv.config, fv.workdir
+    if config is not None and fv.print_config:
+        print(cli.describe_config(config))
+        return
     if config is None or not workdir:
         raise UserError("both --config=configs/<name>.py and --workdir=DIR are required")
     start = time.perf_counter()
