@@ -458,7 +458,7 @@ def test_visualize_bad_text(case, vis_workdir, tmp_path):
     text, error = TEXTS[case]
     out = str(tmp_path / "out")
     before = tree_hash(vis_workdir, exclude=("curves.png",))
-    if error:
+    if error not in (ANSWER, NO_KNOWN):  # visualize draws the maps of any readable text
         with pytest.raises(UserError, match=f"text 2: .*{error}") as e:
             visualize.visualize(vis_workdir, ["很好", text], out)
         assert "\n" not in str(e.value) and not os.path.exists(out)
