@@ -11,8 +11,9 @@ lines at the end are ignored). Stdout has one line per text, in input order, aft
 separated by tabs. With --json, one JSON object per text and no header. A text that cannot be
 classified (empty, not UTF-8) gets the label `error` (`{"error": ...}` in JSON) and a one-line
 error on stderr; the others are still answered, and the exit status is 2 if any text failed. A
-text with no token the model knows (every character outside the vocabulary) gets the label
-`unknown` and no probability: the model has nothing to go on. Stderr says which checkpoint answers.
+text with no token the model knows (every character outside the vocabulary but for whitespace)
+gets the label `unknown` and no probability: the model has nothing to go on. Stderr says which
+checkpoint answers.
 """
 
 import json
@@ -27,14 +28,20 @@ from experiments.data import tokenizers
 
 HEADER = "label\tprobability\tmost-attended tokens (attention received)"
 UNKNOWN = "unknown"
-NO_KNOWN_TOKENS = "no known tokens: every token of the text is outside the vocabulary"
+NO_KNOWN_TOKENS = (
+    "no known tokens: every token of the text but whitespace is outside the vocabulary"
+)
 
 
 def predict_one(trained: workdirs.Trained, text: str, top: int) -> dict:
     """Label, its probability and the `top` most-attended tokens of one text; label None and
     probability None when the text has no token in the vocabulary."""
     ids_L = workdirs.encode(trained, text)
-    known = int((ids_L > tokenizers.CLS).sum())  # PAD, UNK and CLS say nothing about the text
+    tokens = trained.tokenizer.tokens(ids_L.tolist())
+    # PAD, UNK and CLS say nothing about the text, and neither do spaces between unknown words.
+    known = sum(
+        int(i) > tokenizers.CLS and bool(t.strip()) for i, t in zip(ids_L, tokens, strict=True)
+    )
     if not known:
         return {
             "label": None,
@@ -46,7 +53,6 @@ def predict_one(trained: workdirs.Trained, text: str, top: int) -> dict:
         }
     result = forward.analyse(trained.params, trained.cfg, ids_L)
     probs_C, received_L = result["probs"], result["received"]
-    tokens = trained.tokenizer.tokens(ids_L.tolist())
     order = np.argsort(-received_L, kind="stable")[:top]
     return {
         "label": trained.label_names[int(probs_C.argmax())],

@@ -358,6 +358,7 @@ TEXTS = {
     "only unknown characters": ("𓀀𓀁𓀂", NO_KNOWN),
     "emoji": ("🤮🤮🤮🤮", NO_KNOWN),
     "nul bytes only": ("\x00\x00", NO_KNOWN),
+    "another script, words apart": ("привет мир", NO_KNOWN),  # only the space is known
     "invalid utf-8": (b"\xff\xfe\xb0".decode("utf-8", "surrogateescape"), "UTF-8"),
     "nul bytes": ("好\x00看\x00", ANSWER),
     "1 MB line": (MB_LINE, ANSWER),
