@@ -5,10 +5,12 @@ ends with `cli.main(define_flags, main)`. `run` does the same in this process, o
 what a command line prints and returns, without starting Python again.
 """
 
+import contextlib
 import importlib.util
 import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import ml_collections
 from absl import app, flags, logging
@@ -95,18 +97,39 @@ def main(define_flags: Define, entry: Main) -> None:
 
     def run_entry(argv: list[str]) -> int:
         status = _reported(lambda: entry(flags.FLAGS, argv))
-        if status in (INTERRUPTED, BROKEN_PIPE):
-            # Ctrl-C during a compile stops jax's wait for it, not XLA's compiler thread; letting
-            # the interpreter finalize under that thread segfaults seconds later. Everything the
-            # command writes is closed by now (with-blocks), so end the process without finalizing.
-            # A broken stdout cannot be flushed: skipping that is how it ends quietly.
-            if status == INTERRUPTED:
-                sys.stdout.flush()
+        if status == BROKEN_PIPE:  # stdout cannot be flushed: skipping that is ending quietly
             sys.stderr.flush()
             os._exit(status)
         return status
 
+    signal.signal(signal.SIGINT, _exit_interrupted)
     app.run(run_entry, flags_parser=parse_or_exit)
+
+
+_interrupt_details: list[Callable[[], str]] = []
+
+
+@contextlib.contextmanager
+def interrupt_detail(detail: Callable[[], str]) -> Iterator[None]:
+    """While inside, Ctrl-C says `interrupted; <detail()>`, e.g. where to resume from."""
+    _interrupt_details.append(detail)
+    try:
+        yield
+    finally:
+        _interrupt_details.remove(detail)
+
+
+def _exit_interrupted(signum: int, frame: object) -> None:
+    """Ctrl-C ends the process here, with no KeyboardInterrupt unwinding the stack. A
+    KeyboardInterrupt during a compile stops jax's wait for it but not XLA's compiler thread,
+    which then used what the unwinding freed, or the interpreter's teardown, and segfaulted.
+    Ending at once is as safe as SIGKILL, which training survives anywhere (atomic saves)."""
+    detail = _interrupt_details[-1]() if _interrupt_details else ""
+    text = f"interrupted; {detail}" if detail else "interrupted"
+    print(f"\n{text}", file=sys.stderr, flush=True)  # below a progress bar, if one is drawn
+    with contextlib.suppress(OSError):
+        sys.stdout.flush()
+    os._exit(INTERRUPTED)
 
 
 def _reported(fn: Callable[[], int | None]) -> int:
@@ -124,8 +147,8 @@ def _reported(fn: Callable[[], int | None]) -> int:
         where = f": {e.filename}" if e.filename else ""
         print(f"error: {e.strerror or e}{where}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt as e:  # raised with a message by a command that can say more
-        print(f"interrupted; {e}" if str(e) else "interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C in a notebook or in-process run (`main` exits at once)
+        print("interrupted", file=sys.stderr)
         return INTERRUPTED
 
 

@@ -104,6 +104,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     return result
 
 
+def _resume_hint(workdir: str) -> str:
+    """Where a rerun resumes. Orbax renames a step's directory to its number only when complete,
+    and listing them is safe at any moment (this runs when Ctrl-C arrives)."""
+    path = os.path.join(workdir, LAST)
+    steps = [int(n) for n in os.listdir(path) if n.isdigit()] if os.path.isdir(path) else []
+    if not steps:
+        return "no checkpoint was complete yet; rerun the same command to start over"
+    return (
+        f"the last complete checkpoint is step {max(steps)} in {path}; "
+        "rerun the same command to resume from it"
+    )
+
+
 def define_flags(fv: flags.FlagValues) -> None:
     config_flags.DEFINE_config_file(
         "config", None, "Path to a config file[:variant].", flag_values=fv
@@ -127,18 +140,8 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
     if config is None or not workdir:
         raise UserError("both --config=configs/<name>.py and --workdir=DIR are required")
     start = time.perf_counter()
-    try:
+    with cli.interrupt_detail(lambda: _resume_hint(workdir)):
         test = train_and_evaluate(config, workdir)
-    except KeyboardInterrupt:
-        step = checkpoints.latest_step(workdir, LAST)
-        if step is None:
-            raise KeyboardInterrupt(
-                "no checkpoint was complete yet; rerun the same command to start over"
-            ) from None
-        raise KeyboardInterrupt(
-            f"the last complete checkpoint is step {step} in {os.path.join(workdir, LAST)}; "
-            "rerun the same command to resume from it"
-        ) from None
     curves = plots.plot_curves(workdir)
     print(
         f"test accuracy {test['accuracy']:.4f}  macro-F1 {test['macro_f1']:.4f}  "
