@@ -9,12 +9,20 @@ CONFIG ?= configs/default.py
 
 .PHONY: train test lint benchmark clean
 
+# Python 3.11+: jax 0.10.2 and numpy 2.4.6 have no wheels for older versions. A venv without the
+# stamp is a failed or interrupted install: it is removed rather than reused.
 $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -r requirements-dev.txt
-	$(BIN)/pip install -q --no-deps -e .
-	touch $(STAMP)
+	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "error: Python 3.11 or newer is needed; '$(PY)' is $$($(PY) -V 2>&1). Use e.g. make PY=python3.11" >&2; \
+	  exit 2; }
+	@test -f $(STAMP) || rm -rf $(VENV)
+	@echo "Installing the pinned requirements into $(VENV): the first time takes a few minutes."
+	@{ test -x $(BIN)/python || $(PY) -m venv $(VENV); } \
+	  && $(BIN)/pip install -q --upgrade pip \
+	  && $(BIN)/pip install -q -r requirements-dev.txt \
+	  && $(BIN)/pip install -q --no-deps -e . \
+	  || { rm -rf $(VENV); echo "error: installing into $(VENV) failed (see above); removed $(VENV)" >&2; exit 1; }
+	@touch $(STAMP)
 
 train: $(STAMP)
 	$(BIN)/python -m experiments.train --config=$(CONFIG) --workdir=$(WORKDIR)

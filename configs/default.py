@@ -17,6 +17,61 @@ import ml_collections
 
 from configs import common
 
+# One line per field of every config (the other files change values, never add fields); printed
+# by `python -m experiments.train --config=... --print_config`.
+MEANINGS = {
+    "data.dataset": "chinese_reviews, imdb_reviews, glue/sst2 (TFDS) or file (data.path)",
+    "data.data_dir": 'where TFDS keeps prepared datasets; "" = ~/tensorflow_datasets',
+    "data.path": "your CSV/TSV/JSONL file or folder of <label>/*.txt, for dataset=file",
+    "data.text_field": "column (or JSON key) holding the text, for dataset=file",
+    "data.label_field": "column (or JSON key) holding the label, for dataset=file",
+    "data.max_bad_fraction": "stop when more than this fraction of a file's rows are malformed",
+    "data.tokenizer": "char, word or byte; auto = chosen from the data (csv.py)",
+    "data.lowercase": "lowercase texts before tokenizing",
+    "data.min_freq": "keep tokens seen at least this often in train (char and word)",
+    "data.max_vocab": "vocabulary size cap, the 3 reserved ids included; 0 = no cap",
+    "data.max_len": "tokens per text (CLS included), longer ones are cut; 0 = from the data",
+    "data.buckets": "lengths a batch is padded to (one compiled program each)",
+    "data.batch_size": "training examples per step, over all devices",
+    "data.eval_batch_size": "examples per evaluation batch, over all devices",
+    "model.d_model": "width of the token vectors",
+    "model.num_heads": "attention heads per layer",
+    "model.num_layers": "encoder blocks (self-attention + feed-forward)",
+    "model.d_ff": "hidden width of the feed-forward layer",
+    "model.positions": "learned, sinusoidal or none",
+    "model.pooling": "token vectors to one vector: cls, mean, max or structured (Lin et al.)",
+    "model.pool_hops": "attention hops r of structured pooling",
+    "model.pool_hidden": "hidden width d_a of structured pooling",
+    "model.dropout": "dropout on residual branches and the pooled vector",
+    "model.embed_dropout": "dropout on the summed input embeddings",
+    "model.score": "query-key similarity: dot, scaled_dot, general, additive or mlp",
+    "model.implementation": "matrix, chunked (memory linear in length) or xla",
+    "model.q_chunk": "query rows per block of chunked attention",
+    "model.k_chunk": "key rows per block of chunked attention",
+    "model.ngram_buckets": "hashed n-gram embedding rows; 0 = no n-gram embeddings",
+    "model.ngram_orders": "n of the hashed n-grams",
+    "model.dtype": "compute dtype, float32 or bfloat16 (parameters stay float32)",
+    "model.bag_buckets": "rows of the linear model on the bag of hashed n-grams; 0 = none",
+    "model.bag_orders": "n of the bag's n-grams",
+    "model.bag_dropout": "fraction of the bag's n-grams dropped in training",
+    "optim.learning_rate": "AdamW peak learning rate",
+    "optim.warmup_steps": "linear warmup steps before the cosine decay; -1 = from the data",
+    "optim.weight_decay": "AdamW decoupled weight decay",
+    "optim.clip_norm": "global gradient-norm clip",
+    "optim.label_smoothing": "label smoothing of the cross-entropy",
+    "optim.adversarial_eps": "norm of the adversarial embedding perturbation; 0 = off",
+    "optim.ema_decay": "running average of the weights to evaluate and serve; 0 = off",
+    "optim.penalty_weight": "weight of structured pooling's ||AA^T - I||^2 penalty",
+    "optim.max_nonfinite": "consecutive skipped (non-finite) steps before training stops",
+    "train.seed": "initialisation, dropout and batch order",
+    "train.num_epochs": "passes over the training split (if max_steps is 0); 0 = from the data",
+    "train.eval_every_steps": "validation interval (best accuracy kept); 0 = from the data",
+    "train.checkpoint_every_steps": "checkpoint interval (resume starts there); 0 = from the data",
+    "train.keep_checkpoints": "how many recent checkpoints to keep",
+    "train.log_every_steps": "metrics.jsonl and TensorBoard interval",
+    "train.max_steps": "total steps; 0 = num_epochs in full",
+}
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     common.check_variant(arg, ("tiny", "structured"), __file__)

@@ -5,16 +5,22 @@ ends with `cli.main(define_flags, main)`. `run` does the same in this process, o
 what a command line prints and returns, without starting Python again.
 """
 
+import contextlib
 import importlib.util
 import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import ml_collections
 from absl import app, flags, logging
 
+from configs.default import MEANINGS
+
 Define = Callable[[flags.FlagValues], None]
 Main = Callable[[flags.FlagValues, list[str]], int | None]
+INTERRUPTED = 130  # the shell's status for Ctrl-C
+BROKEN_PIPE = 141  # ... and for a reader of stdout that went away (`| head`)
 
 
 class UserError(Exception):
@@ -33,6 +39,19 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
         return module.get_config(arg or None)
     except Exception as e:  # a broken or unknown config is the user's to fix
         raise UserError(f"cannot load config {spec!r}: {e}") from None
+
+
+def describe_config(config: ml_collections.ConfigDict) -> str:
+    """Every field as `section.field = value  # meaning`, one per line, overrides applied."""
+    rows = [
+        (f"{section}.{field}", repr(value))
+        for section, fields in config.to_dict().items()
+        for field, value in fields.items()
+    ]
+    width = max(len(name) + len(value) for name, value in rows) + 4  # " = " and a space
+    return "\n".join(
+        f"{f'{name} = {value}':<{width}}# {MEANINGS.get(name, '')}".rstrip() for name, value in rows
+    )
 
 
 def parse(fv: flags.FlagValues, argv: Sequence[str]) -> list[str]:
@@ -76,7 +95,41 @@ def main(define_flags: Define, entry: Main) -> None:
             sys.exit(status)
         return rest[0]
 
-    app.run(lambda argv: _reported(lambda: entry(flags.FLAGS, argv)), flags_parser=parse_or_exit)
+    def run_entry(argv: list[str]) -> int:
+        status = _reported(lambda: entry(flags.FLAGS, argv))
+        if status == BROKEN_PIPE:  # stdout cannot be flushed: skipping that is ending quietly
+            sys.stderr.flush()
+            os._exit(status)
+        return status
+
+    signal.signal(signal.SIGINT, _exit_interrupted)
+    app.run(run_entry, flags_parser=parse_or_exit)
+
+
+_interrupt_details: list[Callable[[], str]] = []
+
+
+@contextlib.contextmanager
+def interrupt_detail(detail: Callable[[], str]) -> Iterator[None]:
+    """While inside, Ctrl-C says `interrupted; <detail()>`, e.g. where to resume from."""
+    _interrupt_details.append(detail)
+    try:
+        yield
+    finally:
+        _interrupt_details.remove(detail)
+
+
+def _exit_interrupted(signum: int, frame: object) -> None:
+    """Ctrl-C ends the process here, with no KeyboardInterrupt unwinding the stack. A
+    KeyboardInterrupt during a compile stops jax's wait for it but not XLA's compiler thread,
+    which then used what the unwinding freed, or the interpreter's teardown, and segfaulted.
+    Ending at once is as safe as SIGKILL, which training survives anywhere (atomic saves)."""
+    detail = _interrupt_details[-1]() if _interrupt_details else ""
+    text = f"interrupted; {detail}" if detail else "interrupted"
+    print(f"\n{text}", file=sys.stderr, flush=True)  # below a progress bar, if one is drawn
+    with contextlib.suppress(OSError):
+        sys.stdout.flush()
+    os._exit(INTERRUPTED)
 
 
 def _reported(fn: Callable[[], int | None]) -> int:
@@ -88,13 +141,15 @@ def _reported(fn: Callable[[], int | None]) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # stdout's reader stopped reading: end quietly, as Unix tools do
+        return BROKEN_PIPE
     except OSError as e:  # a read-only or full disk: the machine's state, not a bug to trace
         where = f": {e.filename}" if e.filename else ""
         print(f"error: {e.strerror or e}{where}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C in a notebook or in-process run (`main` exits at once)
         print("interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
 
 
 def _one_line(message: str) -> str:

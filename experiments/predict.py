@@ -3,9 +3,17 @@
   python -m experiments.predict --workdir=runs/default "这本书很好看" "质量太差了"
   printf '很好\\n很差\\n' | python -m experiments.predict --workdir=runs/default
 
-Texts come from the arguments or, when there are none, one per line from standard input.
-A text that cannot be classified (empty, not UTF-8) gets a one-line error on stderr; the others
-are still answered, and the exit status is 2 if any text failed.
+Texts come from the arguments or, when there are none, one per line from standard input (blank
+lines at the end are ignored). Stdout has one line per text, in input order, after a header:
+
+  label  probability  most-attended tokens, each with the attention it receives
+
+separated by tabs. With --json, one JSON object per text and no header. A text that cannot be
+classified (empty, not UTF-8) gets the label `error` (`{"error": ...}` in JSON) and a one-line
+error on stderr; the others are still answered, and the exit status is 2 if any text failed. A
+text with no token the model knows (every character outside the vocabulary but for whitespace)
+gets the label `unknown` and no probability: the model has nothing to go on. Stderr says which
+checkpoint answers.
 """
 
 import json
@@ -16,34 +24,72 @@ from absl import flags
 
 from experiments import cli, forward, workdirs
 from experiments.cli import UserError
+from experiments.data import tokenizers
+
+HEADER = "label\tprobability\tmost-attended tokens (attention received)"
+UNKNOWN = "unknown"
+NO_KNOWN_TOKENS = (
+    "no known tokens: every token of the text but whitespace is outside the vocabulary"
+)
 
 
 def predict_one(trained: workdirs.Trained, text: str, top: int) -> dict:
-    """Label, its probability and the `top` most-attended tokens of one text."""
+    """Label, its probability and the `top` most-attended tokens of one text; label None and
+    probability None when the text has no token in the vocabulary."""
     ids_L = workdirs.encode(trained, text)
+    tokens = trained.tokenizer.tokens(ids_L.tolist())
+    # PAD, UNK and CLS say nothing about the text, and neither do spaces between unknown words.
+    known = sum(
+        int(i) > tokenizers.CLS and bool(t.strip()) for i, t in zip(ids_L, tokens, strict=True)
+    )
+    if not known:
+        return {
+            "label": None,
+            "probability": None,
+            "top_tokens": [],
+            "num_tokens": len(ids_L),
+            "known_tokens": 0,
+            "note": NO_KNOWN_TOKENS,
+        }
     result = forward.analyse(trained.params, trained.cfg, ids_L)
     probs_C, received_L = result["probs"], result["received"]
-    tokens = trained.tokenizer.tokens(ids_L.tolist())
     order = np.argsort(-received_L, kind="stable")[:top]
     return {
         "label": trained.label_names[int(probs_C.argmax())],
         "probability": float(probs_C.max()),
         "top_tokens": [[tokens[i], float(received_L[i])] for i in order],
         "num_tokens": len(ids_L),
+        "known_tokens": known,
     }
 
 
 def read_stdin_lines() -> list[str]:
-    """Lines of stdin; undecodable ones are kept as surrogate-escaped text and refused later."""
-    data = sys.stdin.buffer.read()
-    return data.decode("utf-8", errors="surrogateescape").splitlines()
+    """Lines of stdin but blank ones at the end; undecodable ones are kept as surrogate-escaped
+    text and refused later."""
+    lines = sys.stdin.buffer.read().decode("utf-8", errors="surrogateescape").splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return lines
+
+
+def format_line(p: dict) -> str:
+    """One text's answer as a tab-separated line under HEADER."""
+    if "error" in p:
+        return f"error\t-\t{p['error']}"
+    if p["label"] is None:
+        return f"{UNKNOWN}\t-\t{p['note']}"
+    top = " ".join(f"{t}({w:.2f})" for t, w in p["top_tokens"])
+    return f"{p['label']}\t{p['probability']:.3f}\t{top}"
 
 
 def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("workdir", None, "A workdir written by experiments.train.", flag_values=fv)
     flags.DEFINE_integer("top", 5, "How many most-attended tokens to show.", flag_values=fv)
     flags.DEFINE_boolean(
-        "json", False, "Print one JSON object per text instead of text.", flag_values=fv
+        "json",
+        False,
+        'Print one JSON object per text (failures as {"error": ...}) instead of text.',
+        flag_values=fv,
     )
 
 
@@ -54,6 +100,9 @@ def main(fv: flags.FlagValues, argv: list[str]) -> int:
     if not texts:
         raise UserError("no text given: pass texts as arguments or one per line on stdin")
     trained = workdirs.load(fv.workdir)
+    print(f"answering from {trained.source}", file=sys.stderr)
+    if not fv.json:
+        print(HEADER)
     failed = 0
     for n, text in enumerate(texts, 1):
         try:
@@ -61,12 +110,8 @@ def main(fv: flags.FlagValues, argv: list[str]) -> int:
         except UserError as e:
             failed += 1
             print(f"error: text {n}: {e}", file=sys.stderr)
-            continue
-        if fv.json:
-            print(json.dumps(p, ensure_ascii=False))
-        else:
-            top = " ".join(f"{t}({w:.2f})" for t, w in p["top_tokens"])
-            print(f"{p['label']}\t{p['probability']:.3f}\t{top}")
+            p = {"error": str(e)}
+        print(json.dumps(p, ensure_ascii=False) if fv.json else format_line(p), flush=True)
     return 2 if failed else 0
 
 

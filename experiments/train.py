@@ -2,6 +2,7 @@
 
   python -m experiments.train --config=configs/default.py --workdir=runs/default \
       [--config.model.num_layers=2 ...]
+  python -m experiments.train --config=configs/default.py --print_config   # fields, no training
 
 `main` is a thin wrapper over `train_and_evaluate(config, workdir)`, which a notebook can call.
 Several processes (one per host of a TPU slice or GPU cluster) run the same command with
@@ -71,7 +72,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         if primary:
             if start:
                 print(f"resuming from step {start} of {total_steps}", file=sys.stderr)
+            # Only now, every check passed: a refused run leaves no config or vocabulary behind.
             workdirs.write_json(os.path.join(workdir, "config.json"), config.to_dict())
+            if not os.path.exists(os.path.join(workdir, "tokenizer.json")):
+                data.tokenizer.save(workdir)
         stream = batching.train_stream(
             train.ids,
             train.labels,
@@ -113,16 +117,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 
 def _load_data(config: ml_collections.ConfigDict, workdir: str) -> encoding.Encoded:
-    """The encoded splits; process 0 builds and saves the tokenizer first, the others then load
-    it, so that no process reads it half-written."""
-    load = lambda: encoding.load(
-        config.data, add_cls=config.model.pooling == "cls", workdir=workdir
+    """The encoded splits, once the run is known to continue the workdir's (`check_same_run`).
+
+    Every process reads the workdir's tokenizer or builds the same one from the same texts, and
+    all have done so before process 0 may write one: no process reads a file half-written.
+    """
+    data = encoding.load(config.data, add_cls=config.model.pooling == "cls", workdir=workdir)
+    workdirs.check_same_run(config, workdir)
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("workdir read")
+    return data
+
+
+def _resume_hint(workdir: str) -> str:
+    """Where a rerun resumes. Orbax renames a step's directory to its number only when complete,
+    and listing them is safe at any moment (this runs when Ctrl-C arrives)."""
+    path = os.path.join(workdir, LAST)
+    steps = [int(n) for n in os.listdir(path) if n.isdigit()] if os.path.isdir(path) else []
+    if not steps:
+        return "no checkpoint was complete yet; rerun the same command to start over"
+    return (
+        f"the last complete checkpoint is step {max(steps)} in {path}; "
+        "rerun the same command to resume from it"
     )
-    if jax.process_count() == 1:
-        return load()
-    data = load() if distributed.is_primary() else None
-    multihost_utils.sync_global_devices("tokenizer saved")
-    return data or load()
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -133,15 +150,25 @@ def define_flags(fv: flags.FlagValues) -> None:
         "workdir", None, "Directory for checkpoints, vocabulary and metrics.", flag_values=fv
     )
     distributed.define_flags(fv)
+    flags.DEFINE_boolean(
+        "print_config",
+        False,
+        "Print every config field with its value (overrides applied) and meaning, then exit.",
+        flag_values=fv,
+    )
 
 
 def main(fv: flags.FlagValues, argv: list[str]) -> None:
     config, workdir = fv.config, fv.workdir
+    if config is not None and fv.print_config:
+        print(cli.describe_config(config))
+        return
     if config is None or not workdir:
         raise UserError("both --config=configs/<name>.py and --workdir=DIR are required")
     start = time.perf_counter()
     distributed.initialize_from_flags(fv)
-    test = train_and_evaluate(config, workdir)
+    with cli.interrupt_detail(lambda: _resume_hint(workdir)):
+        test = train_and_evaluate(config, workdir)
     if not distributed.is_primary():
         return
     curves = plots.plot_curves(workdir)

@@ -21,6 +21,30 @@ from experiments.cli import UserError
 from experiments.data import encoding, tokenizers
 
 MIN_FREE_BYTES = 64 << 20
+# What a resumed run may change: where the data is, how long to train, how often to evaluate,
+# save and log. Every other field decides what is trained (the model's are checked against the
+# checkpoint, `checkpoints.resume`), so a run continued with another value would be another run.
+MAY_CHANGE_ON_RESUME = frozenset(
+    {
+        "data.data_dir",
+        "data.eval_batch_size",
+        "data.max_bad_fraction",
+        "optim.max_nonfinite",
+        "train.num_epochs",
+        "train.max_steps",
+        "train.eval_every_steps",
+        "train.checkpoint_every_steps",
+        "train.log_every_steps",
+        "train.keep_checkpoints",
+    }
+)
+# tokenizer.json field -> the config field it was built from
+_TOKENIZER_FIELDS = {
+    "kind": "data.tokenizer",
+    "lowercase": "data.lowercase",
+    "min_freq": "data.min_freq",
+    "max_vocab": "data.max_vocab",
+}
 # Shapes only: init runs under jax.eval_shape. Not a key made at import, which would start JAX's
 # backend before a process of several can join the others.
 _KEY = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)
@@ -41,6 +65,53 @@ def check_writable(workdir: str) -> None:
         raise UserError(f"workdir {workdir!r} has only {free >> 20} MiB free; need 64 MiB")
 
 
+def check_same_run(config: ml_collections.ConfigDict, workdir: str) -> None:
+    """Refuses to continue the run in `workdir` with other data, tokenizer, optimizer or seed than
+    its config.json and tokenizer.json record, naming every differing field (model fields are the
+    checkpoint's to check). Fields in MAY_CHANGE_ON_RESUME may differ."""
+    saved = {}
+    config_path = os.path.join(workdir, "config.json")
+    if os.path.exists(config_path):
+        saved.update(_flat(_read_json(config_path)))
+    tokenizer_path = os.path.join(workdir, "tokenizer.json")
+    if os.path.exists(tokenizer_path):  # what the saved vocabulary was really built with
+        tok = _read_json(tokenizer_path)
+        saved.update({field: tok[k] for k, field in _TOKENIZER_FIELDS.items() if k in tok})
+    current = _flat(json.loads(json.dumps(config.to_dict())))  # tuples as JSON has them
+    diff = [
+        f"{k}: workdir {v!r} vs config {current.get(k)!r}"
+        for k, v in sorted(saved.items())
+        if not k.startswith("model.") and k not in MAY_CHANGE_ON_RESUME and current.get(k) != v
+    ]
+    if diff:
+        raise UserError(
+            f"workdir {workdir!r} holds a run with another config ({'; '.join(diff)}); "
+            "use a new --workdir or the original config"
+        )
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {path}: {e}") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{path} is not a JSON object")
+    return obj
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}"""
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def write_json(path: str, obj: object) -> None:
     """Writes `obj` to `path` whole or not at all (a temporary file, then a rename)."""
     tmp = path + ".tmp"
@@ -57,6 +128,7 @@ class Trained:
     tokenizer: tokenizers.Tokenizer
     label_names: tuple[str, ...]
     step: int
+    source: str  # which checkpoint this is, for the user: see `_describe`
 
 
 def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
@@ -93,7 +165,24 @@ def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
         served = "ema" if meta.get("ema", False) else "params"
         target = {served: jax.eval_shape(lambda key: classifier.init(key, cfg), _KEY)}
         state, _ = checkpoints.restore(mngr, step, target, partial=True)
-    return Trained(config, cfg, state[served], tok, tuple(meta["label_names"]), step)
+    source = _describe(workdir, which, step, meta)
+    return Trained(config, cfg, state[served], tok, tuple(meta["label_names"]), step, source)
+
+
+def _describe(workdir: str, which: str, step: int, meta: dict) -> str:
+    """E.g. "the best checkpoint (step 60, validation accuracy 0.8125) of runs/x; training has not
+    finished (last checkpoint: step 100)": a half-trained workdir answers, but says so."""
+    if which == checkpoints.BEST:
+        what = f"the best checkpoint (step {step}, validation accuracy "
+        what += f"{meta['best_val_accuracy']:.4f})"
+    else:
+        what = f"the last checkpoint (step {step})"
+    what += f" of {workdir}"
+    if not os.path.exists(os.path.join(workdir, "eval_test.json")):  # written when training ends
+        last = checkpoints.latest_step(workdir, checkpoints.LAST)
+        what += "; training has not finished"
+        what += f" (last checkpoint: step {last})" if last is not None else ""
+    return what
 
 
 def encode(trained: Trained, text: str) -> np.ndarray:

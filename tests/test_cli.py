@@ -5,9 +5,11 @@ resume also run as real processes."""
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
-from conftest import assert_one_line_error, run, run_here, tiny_flags, tree_hash
+from conftest import ROOT, assert_one_line_error, run, run_here, tiny_flags, tree_hash
 
 
 def test_evaluate_predict_visualize_commands(trained_copy, capsys):
@@ -24,8 +26,8 @@ def test_evaluate_predict_visualize_commands(trained_copy, capsys):
     # A real process: stdout, stderr and the exit status as a shell sees them.
     proc = run("experiments.predict", f"--workdir={trained_copy}", "--top=2", "很好看", "太差了")
     assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 2
+    header, *lines = proc.stdout.strip().splitlines()
+    assert header.startswith("label\tprobability\t") and len(lines) == 2
     for line, text in zip(lines, ("很好看", "太差了"), strict=True):
         label, prob, top = line.split("\t")
         assert label in ("neg", "pos") and 0.5 <= float(prob) <= 1.0
@@ -152,6 +154,26 @@ CASES = {
         ["experiments.train", *tiny_flags("{t}"), "--workdir={w}", "--config.model.d_model=32"],
         ["d_model: checkpoint 16 vs config 32"],
     ),
+    "resume with another tokenizer": (
+        "copy",
+        ["experiments.train", *tiny_flags("{t}"), "--workdir={w}", "--config.data.tokenizer=word"],
+        ["data.tokenizer: workdir 'char' vs config 'word'"],
+    ),
+    "resume with another vocabulary cut": (
+        "copy",
+        ["experiments.train", *tiny_flags("{t}"), "--workdir={w}", "--config.data.min_freq=50"],
+        ["data.min_freq: workdir 2 vs config 50"],
+    ),
+    "resume with another learning rate": (
+        "copy",
+        [
+            "experiments.train",
+            *tiny_flags("{t}"),
+            "--workdir={w}",
+            "--config.optim.learning_rate=1",
+        ],
+        ["optim.learning_rate: workdir 0.005 vs config 1.0"],
+    ),
     "resume with the weight average switched on": (
         "copy",
         ["experiments.train", *tiny_flags("{t}"), "--workdir={w}", "--config.optim.ema_decay=0.9"],
@@ -192,3 +214,18 @@ def test_refused_resume_exits_cleanly(trained_copy, tfds_dir):
         "(ema: checkpoint False vs config True); use a new --workdir or the original config"
     ]
     assert tree_hash(trained_copy) == {k: v for k, v in before.items() if "tmp" not in k}
+
+
+def test_output_into_a_closed_pipe_ends_quietly(trained):
+    """`predict ... | head -0`: the reader is gone before the first line; no error, no traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "experiments.predict", f"--workdir={trained}", "很好"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    proc.stdout.close()
+    err = proc.stderr.read().decode("utf-8", "replace")
+    proc.wait(timeout=300)
+    assert proc.returncode == 141, err
+    assert "error" not in err and "Traceback" not in err and "Exception" not in err, err

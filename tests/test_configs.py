@@ -57,3 +57,32 @@ def test_sst2_uses_the_word_model_and_imdb_the_bag():
     assert (b.model.d_model, b.model.num_layers, b.model.ngram_buckets) == (128, 2, 0)
     assert a.model.bag_buckets > 0 and a.model.bag_orders == (1, 2) and b.model.bag_buckets == 0
     assert (a.data.dataset, b.data.dataset) == ("imdb_reviews", "glue/sst2")
+
+
+def test_every_field_of_every_config_has_a_meaning_and_no_meaning_is_stale():
+    from configs.default import MEANINGS
+
+    seen = set()
+    for name, args in VARIANTS.items():
+        for arg in args:
+            config = importlib.import_module(f"configs.{name}").get_config(arg)
+            fields = {f"{s}.{k}" for s, d in config.to_dict().items() for k in d}
+            assert fields <= set(MEANINGS), (name, arg, fields - set(MEANINGS))
+            seen |= fields
+    assert seen == set(MEANINGS)
+
+
+def test_print_config_shows_values_with_overrides_and_meanings(tmp_path, capsys):
+    from configs.default import MEANINGS
+
+    workdir = tmp_path / "w"
+    argv = ["--config=configs/default.py:tiny", "--print_config", "--config.model.d_model=8"]
+    proc = run_here("experiments.train", *argv, f"--workdir={workdir}", capsys=capsys)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == len(MEANINGS) and all(" = " in line and " # " in line for line in lines)
+    assert any(
+        line.startswith("model.d_model = 8 ") and line.endswith("# width of the token vectors")
+        for line in lines
+    ), proc.stdout
+    assert not workdir.exists()  # nothing trained, nothing written

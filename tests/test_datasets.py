@@ -233,3 +233,12 @@ def test_imdb_config_trains_from_an_aclimdb_folder(tmp_path, capsys):
     shutil.rmtree(tmp_path / "aclImdb" / "train" / "neg")
     proc = run_here("experiments.train", *flags, f"--workdir={tmp_path / 'v'}", capsys=capsys)
     assert_one_line_error(proc, "not an aclImdb folder: train/neg/")
+
+
+def test_first_prepare_warning_of_tfds_is_not_shown(caplog):
+    from absl import logging as absl_logging
+
+    with caplog.at_level("WARNING"):
+        absl_logging.warning("Variant folder %s has no %s", "/x/1.0.0", "dataset_info.json")
+        absl_logging.warning("a warning that matters")
+    assert [r.getMessage() for r in caplog.records] == ["a warning that matters"]

@@ -45,3 +45,12 @@ def test_notebook_calls_the_scripts_functions():
             inspect.signature(fn).bind(*([None] * len(node.args)))
             calls += 1
     assert calls >= 5
+
+
+def test_notebook_clones_first_and_needs_no_working_directory():
+    """A fresh runtime has no repository, and a restart (Colab asks for one after pip replaces
+    numpy) resets the working directory: the first code cell clones, no cell relies on `%cd`."""
+    nb = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
+    cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    assert "git clone" in cells[0] and "pip install" in cells[0]
+    assert not any(line.lstrip().startswith("%cd") for c in cells for line in c.splitlines())

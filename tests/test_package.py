@@ -48,3 +48,23 @@ def test_no_module_in_experiments_imports_an_entry_point():
             else:
                 continue
             assert not names & entry_points, f"{path.relative_to(ROOT)} imports {names}"
+
+
+def test_installed_packages_import_from_anywhere(tmp_path):
+    """From another directory, beside a folder named `attn` (e.g. a clone seen from its parent),
+    the installed attn, experiments and configs are the repository's."""
+    (tmp_path / "attn").mkdir()
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import attn, configs.default, experiments.data\n"
+        "print(attn.__file__, configs.default.__file__, experiments.data.__file__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    paths = [pathlib.Path(p) for p in out.stdout.split()]
+    assert paths == [
+        ROOT / "attn" / "__init__.py",
+        ROOT / "configs" / "default.py",
+        ROOT / "experiments" / "data" / "__init__.py",
+    ]

@@ -17,7 +17,7 @@ from conftest import (
 
 from experiments import evaluate, predict, train, visualize, workdirs
 from experiments.cli import UserError
-from experiments.data import batching
+from experiments.data import batching, tokenizers
 
 EVAL_KEYS = {"accuracy", "macro_f1", "loss", "confusion", "num_examples"}
 
@@ -112,6 +112,28 @@ def test_checkpoint_of_another_model_is_refused_naming_fields(trained_copy, tfds
     )
     assert "d_ff" not in msg and "\n" not in msg
     assert tree_hash(trained_copy) == before
+
+
+def test_refused_run_leaves_no_vocabulary_then_a_new_config_builds_its_own(tfds_dir, tmp_path):
+    """A run refused for a bad model field writes no tokenizer or config, so the next run in the
+    same workdir builds the vocabulary its own config asks for."""
+    workdir = str(tmp_path / "run")
+    with pytest.raises(UserError, match="pooling"):
+        train.train_and_evaluate(tiny_config(tfds_dir, model__pooling="avg"), workdir)
+    assert not set(os.listdir(workdir)) & {"tokenizer.json", "vocab.txt", "config.json"}
+    train.train_and_evaluate(tiny_config(tfds_dir, data__min_freq=50, train__max_steps=1), workdir)
+    tok = tokenizers.load_tokenizer(workdir)
+    assert tok.min_freq == 50
+    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+        assert json.load(f)["data"]["min_freq"] == 50
+
+
+def test_resume_may_change_only_how_long_and_how_often(trained_copy, tfds_dir):
+    config = tiny_config(tfds_dir, train__max_steps=12, train__eval_every_steps=4)
+    workdirs.check_same_run(config, trained_copy)  # training longer is the same run
+    for field, value in (("data__batch_size", 8), ("train__seed", 1), ("data__lowercase", False)):
+        with pytest.raises(UserError, match=field.replace("__", ".")):
+            workdirs.check_same_run(tiny_config(tfds_dir, **{field: value}), trained_copy)
 
 
 @pytest.mark.slow

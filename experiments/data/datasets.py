@@ -20,12 +20,14 @@ requirements.txt pins it.
 This machine has no network, so the tests run them on `tfds.testing.mock_data`.
 """
 
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tensorflow_datasets as tfds
+from absl import logging as absl_logging
 
 from experiments.cli import UserError
 from experiments.data import chinese_reviews, user_files  # noqa: F401 (registers the builder)
@@ -34,6 +36,19 @@ from experiments.data.splits import SPLITS, held_out
 Examples = tuple[list[str], np.ndarray, tuple[str, ...]]  # texts, labels int32 [N], label names
 
 _IMDB_LABELS = ("neg", "pos")  # TFDS imdb_reviews' label names, in its order
+
+
+class _NoFirstPrepareWarning(logging.Filter):
+    """TFDS warns that the folder of a dataset it is preparing for the first time has no
+    dataset_info.json yet: nothing is wrong, and a new user should not be told otherwise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("Variant folder ") and "has no dataset_info" in message)
+
+
+absl_logging.get_absl_logger().addFilter(_NoFirstPrepareWarning())
+
 _all = lambda text: True
 _train_part = lambda text: not held_out(text)
 

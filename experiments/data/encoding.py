@@ -1,7 +1,8 @@
 """Texts to token ids: the one place where a tokenizer is built or loaded and texts are encoded.
 
-Training builds the tokenizer from its train split and saves it into the workdir; a resumed run,
-evaluate, predict and visualize use the saved one, so ids mean the same thing everywhere.
+Training builds the tokenizer from its train split and saves it into the workdir once its checks
+pass; a resumed run, evaluate, predict and visualize use the saved one, so ids mean the same thing
+everywhere.
 """
 
 import dataclasses
@@ -42,7 +43,7 @@ def load(
     """`splits` of `data.dataset` (config.data), read and encoded.
 
     The tokenizer is `tokenizer` if given, else the one saved in `workdir` (a resumed run), else
-    one built from the train split, which is then saved into `workdir` if one is given.
+    one built from the train split (not saved: the caller saves it when its run is accepted).
     """
     examples = datasets.load_splits(data, splits)
     if tokenizer is None:
@@ -81,13 +82,10 @@ def _tokenizer(data: Any, examples: dict, workdir: str | None) -> tokenizers.Tok
         return tokenizers.load_tokenizer(workdir)
     if "train" not in examples:
         raise ValueError("building a tokenizer needs the train split")
-    tok = tokenizers.build_tokenizer(
+    return tokenizers.build_tokenizer(
         data.tokenizer,
         examples["train"][0],
         lowercase=data.lowercase,
         min_freq=data.min_freq,
         max_vocab=data.max_vocab,
     )
-    if workdir:
-        tok.save(workdir)
-    return tok
