@@ -49,7 +49,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     workdirs.check_writable(workdir)
     dp = devices.data_parallel(d)
     primary = distributed.is_primary()
-    data = _load_data(config, workdir)
+    data = encoding.load(d, add_cls=config.model.pooling == "cls", workdir=workdir)
     train, validation, test = (data.splits[s] for s in SPLITS)
     cfg = optimization.model_config(config, data.tokenizer.vocab_size, len(data.label_names))
     per_epoch = batching.steps_per_epoch(len(train.ids), d.batch_size)
@@ -69,6 +69,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     ):
         state, meta = checkpoints.resume(last, devices.replicate(state, dp), meta, workdir)
         start = int(state["step"])
+        workdirs.check_same_run(config, workdir)
+        if jax.process_count() > 1:  # all have read the workdir before process 0 writes to it
+            multihost_utils.sync_global_devices("workdir read")
         if primary:
             if start:
                 print(f"resuming from step {start} of {total_steps}", file=sys.stderr)
@@ -114,19 +117,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if primary:
         workdirs.write_json(os.path.join(workdir, "eval_test.json"), result)
     return result
-
-
-def _load_data(config: ml_collections.ConfigDict, workdir: str) -> encoding.Encoded:
-    """The encoded splits, once the run is known to continue the workdir's (`check_same_run`).
-
-    Every process reads the workdir's tokenizer or builds the same one from the same texts, and
-    all have done so before process 0 may write one: no process reads a file half-written.
-    """
-    data = encoding.load(config.data, add_cls=config.model.pooling == "cls", workdir=workdir)
-    workdirs.check_same_run(config, workdir)
-    if jax.process_count() > 1:
-        multihost_utils.sync_global_devices("workdir read")
-    return data
 
 
 def _resume_hint(workdir: str) -> str:
