@@ -8,7 +8,7 @@ of minutes on 2 CPU cores, so `--seeds=1` can run while the report keeps seed 0.
 
 import time
 
-from benchmarks import config_file
+from benchmarks import config_file, timing
 from benchmarks.accuracy import tfidf_baseline, train_variant
 from experiments.cli import UserError
 
@@ -54,6 +54,7 @@ def run(quick: bool, path: str, seeds: list[str], previous: dict | None) -> dict
         f"TF-IDF word 1-2-grams: test {b['test_accuracy']:.4f} (C={b['best_C']}, "
         f"{time.perf_counter() - start:.0f} s)"
     )
+    results["peak_rss_bytes"] = timing.peak_rss_bytes()
     accs = [r["test_accuracy"] for r in results["seeds"].values()]
     results["targets"] = {
         "beats_baseline": {

@@ -232,15 +232,21 @@ def _accuracy_md(acc: dict) -> list[str]:
     return lines
 
 
+def _imdb_source(sec: dict) -> str:
+    tfds = sec["path"] == "TFDS imdb_reviews"
+    return "TFDS `imdb_reviews`" if tfds else "a local aclImdb folder (`--imdb_path`)"
+
+
 def _imdb_md(sec: dict) -> list[str]:
     b, t = sec["tfidf_word12_sublinear_logreg"], sec["targets"]["beats_baseline"]
     runs = [sec["seeds"][s] for s in t["seeds"]]
     lines = [
         "## 4. IMDB",
         "",
-        f"`configs/{sec['config']}` on {sec['path']}: the official train/test split, validation "
-        "a hash-selected 10% of train; the checkpoint with the best validation accuracy is "
-        f"tested once. Test set: {b['num_test']:,} reviews, train {b['num_train']:,}. Command: "
+        f"`configs/{sec['config']}` on {_imdb_source(sec)}: the official train/test split, "
+        "validation a hash-selected 10% of train; the checkpoint with the best validation "
+        f"accuracy is tested once. Test set: {b['num_test']:,} reviews, train "
+        f"{b['num_train']:,}. Command: "
         "`python -m benchmarks imdb --imdb_path=DIR/aclImdb --seeds=0,1,2`.",
         "",
         "| model | test accuracy | best validation | wall (s) | train examples/s | note |",
@@ -355,11 +361,9 @@ def write(results: dict, out: str) -> None:
             continue
         sec = results[name]
         lines += _attention_md(sec, out) if fn is None else fn(sec)
-        lines += [
-            f"_Section wall time {sec.get('wall_s', 0):.0f} s; process peak RSS so far "
-            f"{_peak(sec) / 2**30:.2f} GiB{'; --quick' if sec.get('quick') else ''}._",
-            "",
-        ]
+        rss = f"; process peak RSS so far {_peak(sec) / 2**30:.2f} GiB" if _peak(sec) else ""
+        quick = "; --quick" if sec.get("quick") else ""
+        lines += [f"_Section wall time {sec.get('wall_s', 0):.0f} s{rss}{quick}._", ""]
     notes = os.path.join(out, "analysis.md")
     if os.path.exists(notes):  # hand-written reading of the numbers, kept across runs
         with open(notes, encoding="utf-8") as f:
