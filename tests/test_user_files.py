@@ -177,3 +177,16 @@ def test_bad_arguments_and_tiny_split(tmp_path):
     empty = next(s for s, (t, _, _) in _load(path).items() if not t)
     with pytest.raises(UserError, match=f"split '{empty}' is empty"):
         user_files.load_splits(path, ("train", empty))
+
+
+def test_a_label_seen_once_is_named(tmp_path, capsys):
+    rows = [f"review {i},{'pos' if i % 2 else 'neg'}" for i in range(40)]
+    rows.insert(17, "review odd,neutral")
+    path = tmp_path / "r.csv"
+    path.write_text("text,label\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    names = user_files.load(str(path))["train"][2]
+    assert names == ("neg", "neutral", "pos")  # still a class: the user decides
+    err = capsys.readouterr().err
+    assert "label 'neutral' occurs only once (line 19)" in err and "data.label_names" in err
+    user_files.load(str(path), label_names=("neg", "pos"), max_bad_fraction=0.05)
+    assert "occurs only once" not in capsys.readouterr().err  # named labels: it is a bad row

@@ -19,6 +19,7 @@ invalid JSON) are skipped and counted; more than `max_bad_fraction` of them is a
 a warning on stderr. Both name the first few by line number (or file, for folders).
 """
 
+import collections
 import csv
 import io
 import json
@@ -106,6 +107,8 @@ def load(
             raise UserError(f"{msg}; that is more than data.max_bad_fraction={max_bad_fraction}")
         print(f"warning: {msg}; skipped them", file=sys.stderr)
 
+    if not label_names:
+        _warn_single_labels(path, rows, good)
     names = tuple(label_names) if label_names else tuple(sorted({lab for _, lab, _ in good}))
     ids = {name: i for i, name in enumerate(names)}
     has_validation = any(hint == "validation" for _, _, hint in good)
@@ -115,6 +118,22 @@ def load(
         out[split][0].append(text)
         out[split][1].append(ids[label])
     return {s: (t, np.asarray(y, np.int32), names) for s, (t, y) in out.items()}
+
+
+def _warn_single_labels(path: str, rows: list[Row], good: list) -> None:
+    """A label that occurs once among many rows is most likely a typo (`neutral` among pos/neg,
+    `Pos` for `pos`), yet it would become a class of its own: say which row has it."""
+    counts = collections.Counter(label for _, label, _ in good)
+    if len(good) < 10:
+        return
+    for label, n in sorted(counts.items()):
+        if n == 1:
+            where = next(r[0] for r in rows if r[2] is not None and r[2].strip() == label)
+            print(
+                f"warning: data.path={path!r}: label {label!r} occurs only once ({where}); it "
+                "becomes a class of its own. Fix the row, or set data.label_names to skip it",
+                file=sys.stderr,
+            )
 
 
 def _assign_split(text: str, hint: str | None, has_validation: bool) -> str:
