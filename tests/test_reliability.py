@@ -30,14 +30,12 @@ from experiments import checkpoints
 from experiments.cli import UserError
 
 
-def _train_killed_at(pause: str, argv: list[str], tmp_path) -> str:
-    """Starts training, waits until it reaches `pause`, SIGKILLs it; returns its stderr."""
-    paused = tmp_path / f"paused-{pause.replace('/', '-').replace(':', '-')}"
-    log = tmp_path / f"{paused.name}.log"
-    env = {**os.environ, "PAUSE": pause, "PAUSED_FILE": str(paused)}
+def _signal_when(ready, sig: int, driver: str, argv: list[str], env: dict, log, waiting_for: str):
+    """Runs `python -c driver argv` (stderr to `log`), sends `sig` once `ready()` holds and waits
+    for the process to end. Dying first, or not being ready within 300 s, fails the test."""
     with open(log, "wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-c", TRAIN_DRIVER, *argv],
+            [sys.executable, "-c", driver, *argv],
             cwd=ROOT,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -45,15 +43,27 @@ def _train_killed_at(pause: str, argv: list[str], tmp_path) -> str:
         )
         try:
             deadline = time.monotonic() + 300
-            while not paused.exists():
+            while not ready():
                 assert proc.poll() is None, log.read_text("utf-8", "replace")[-3000:]
-                assert time.monotonic() < deadline, "training never reached " + pause
+                assert time.monotonic() < deadline, (
+                    f"never reached {waiting_for}: " + (log.read_text("utf-8", "replace")[-3000:])
+                )
                 time.sleep(0.05)
-            os.kill(proc.pid, signal.SIGKILL)
+            proc.send_signal(sig)
+            proc.wait(timeout=120)
         finally:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+    return proc
+
+
+def _train_killed_at(pause: str, argv: list[str], tmp_path) -> str:
+    """Starts training, waits until it reaches `pause`, SIGKILLs it; returns its stderr."""
+    paused = tmp_path / f"paused-{pause.replace('/', '-').replace(':', '-')}"
+    log = tmp_path / f"{paused.name}.log"
+    env = {**os.environ, "PAUSE": pause, "PAUSED_FILE": str(paused)}
+    proc = _signal_when(paused.exists, signal.SIGKILL, TRAIN_DRIVER, argv, env, log, pause)
     assert proc.returncode == -signal.SIGKILL
     return log.read_text("utf-8", "replace")
 
@@ -96,25 +106,8 @@ def test_ctrl_c_after_a_checkpoint_and_during_a_resumed_compile(tfds_dir, tmp_pa
     ):
         err = tmp_path / f"attempt{attempt}.log"
         compiling.unlink(missing_ok=True)
-        with open(err, "wb") as f:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", _COMPILE_DRIVER, *argv],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=f,
-            )
-            try:
-                deadline = time.monotonic() + 300
-                while not ready():
-                    assert proc.poll() is None, err.read_text("utf-8", "replace")[-3000:]
-                    assert time.monotonic() < deadline, err.read_text("utf-8", "replace")[-3000:]
-                    time.sleep(0.05)
-                proc.send_signal(signal.SIGINT)
-                proc.wait(timeout=120)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
+        what = "a checkpoint" if attempt == 0 else "the train step's compile"
+        proc = _signal_when(ready, signal.SIGINT, _COMPILE_DRIVER, argv, env, err, what)
         stderr = err.read_text("utf-8", "replace")
         assert proc.returncode == 130, stderr[-3000:]
         assert ("resuming from step" in stderr) == (attempt == 1)
