@@ -70,6 +70,7 @@ MEANINGS = {
     "train.keep_checkpoints": "how many recent checkpoints to keep",
     "train.log_every_steps": "metrics.jsonl and TensorBoard interval",
     "train.max_steps": "total steps; 0 = num_epochs in full",
+    "train.baseline": "also fit TF-IDF + logistic regression on the same split; print both",
 }
 
 
@@ -136,6 +137,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.train.keep_checkpoints = 2
     config.train.log_every_steps = 20
     config.train.max_steps = 0  # 0 = run num_epochs in full
+    config.train.baseline = True
 
     if arg == "tiny":
         config.data.max_len = 64
@@ -152,6 +154,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.train.eval_every_steps = 3
         config.train.checkpoint_every_steps = 3
         config.train.log_every_steps = 1
+        config.train.baseline = False  # tests ask for it where they check it
     elif arg == "structured":
         config.model.pooling = "structured"
     config.lock()

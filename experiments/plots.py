@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib import font_manager  # noqa: E402
 
-from experiments import metrics  # noqa: E402
+from experiments import baseline, metrics, workdirs  # noqa: E402
 
 
 @functools.cache
@@ -54,7 +54,8 @@ def token_ticks(ax: plt.Axes, axis: str, tokens: list[str]) -> None:
 
 def plot_curves(workdir: str, path: str | None = None) -> str:
     """Loss and accuracy against step for train and validation, as PNG at `path` (default
-    DIR/curves.png); returns the path."""
+    DIR/curves.png), with the TF-IDF baseline's validation accuracy when the run fit it; returns
+    the path."""
     rows = metrics.read(workdir)
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     for split, style in (("train", "-"), ("validation", "o-")):
@@ -64,6 +65,15 @@ def plot_curves(workdir: str, path: str | None = None) -> str:
         steps = [row["step"] for row in r]
         ax_loss.plot(steps, [row["loss"] for row in r], style, label=split)
         ax_acc.plot(steps, [row["accuracy"] for row in r], style, label=split)
+    base_path = os.path.join(workdir, baseline.FILE)
+    if os.path.exists(base_path):
+        b = workdirs.read_json(base_path)
+        ax_acc.axhline(
+            b["validation_accuracy"][str(b["best_C"])],
+            color="grey",
+            linestyle="--",
+            label=f"TF-IDF baseline ({b['features']}), validation",
+        )
     for ax, name in ((ax_loss, "loss"), (ax_acc, "accuracy")):
         ax.set_xlabel("step")
         ax.set_ylabel(name)

@@ -24,6 +24,7 @@ from jax.experimental import multihost_utils
 from ml_collections import config_flags
 
 from experiments import (
+    baseline,
     checkpoints,
     cli,
     defaults,
@@ -114,6 +115,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         best_state, _ = checkpoints.restore(best, best.latest_step(), state)
     result = evaluate(optimization.eval_params(best_state), test)
     result["step"] = int(best_state["step"])
+    if primary and t.baseline:
+        texts = {s: (data.splits[s].texts, data.splits[s].labels) for s in SPLITS}
+        result["baseline"] = baseline.fit_for_run(d, texts, workdir)
     if primary:
         workdirs.write_json(os.path.join(workdir, "eval_test.json"), result)
     return result
@@ -167,6 +171,8 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
         f"({test['num_examples']} examples, best step {test['step']}, "
         f"{time.perf_counter() - start:.0f} s)"
     )
+    if "baseline" in test:
+        print(baseline.summary(test["accuracy"], test["baseline"]))
     print(f"curves: {curves}\nresults: {os.path.join(workdir, 'eval_test.json')}")
 
 

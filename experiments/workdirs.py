@@ -36,6 +36,7 @@ MAY_CHANGE_ON_RESUME = frozenset(
         "train.checkpoint_every_steps",
         "train.log_every_steps",
         "train.keep_checkpoints",
+        "train.baseline",
     }
 )
 # tokenizer.json field -> the config field it was built from
@@ -72,10 +73,10 @@ def check_same_run(config: ml_collections.ConfigDict, workdir: str) -> None:
     saved = {}
     config_path = os.path.join(workdir, "config.json")
     if os.path.exists(config_path):
-        saved.update(_flat(_read_json(config_path)))
+        saved.update(_flat(read_json(config_path)))
     tokenizer_path = os.path.join(workdir, "tokenizer.json")
     if os.path.exists(tokenizer_path):  # what the saved vocabulary was really built with
-        tok = _read_json(tokenizer_path)
+        tok = read_json(tokenizer_path)
         saved.update({field: tok[k] for k, field in _TOKENIZER_FIELDS.items() if k in tok})
     current = _flat(json.loads(json.dumps(config.to_dict())))  # tuples as JSON has them
     diff = [
@@ -90,7 +91,7 @@ def check_same_run(config: ml_collections.ConfigDict, workdir: str) -> None:
         )
 
 
-def _read_json(path: str) -> dict:
+def read_json(path: str) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             obj = json.load(f)

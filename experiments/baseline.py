@@ -1,0 +1,88 @@
+"""The linear baseline every run is measured against: TF-IDF n-grams + logistic regression.
+
+Fit on the run's own train split, with C chosen on its validation split and test read once for
+that C. Character 1-3-grams for the char and byte tokenizers, word 1-2-grams for the word one;
+tf is sublinear (1 + log tf). It takes seconds to a minute, and it says whether attention earned
+its cost on this data: `train` prints both test accuracies and draws the baseline's validation
+accuracy on the curves.
+"""
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from experiments import workdirs
+
+FILE = "baseline.json"
+GRID = (1.0, 3.0, 10.0, 30.0, 100.0)
+# tokenizer -> (analyzer, n-gram range)
+FEATURES = {"char": ("char", (1, 3)), "byte": ("char", (1, 3)), "word": ("word", (1, 2))}
+
+
+def tfidf_logreg(
+    splits: Mapping[str, tuple[Sequence[str], np.ndarray]],
+    *,
+    analyzer: str,
+    ngrams: tuple[int, int],
+    lowercase: bool = True,
+    sublinear: bool = True,
+    grid: Sequence[float] = GRID,
+    solver: str | None = None,
+) -> dict:
+    """`splits` maps train/validation/test to (texts, int labels [N]). `solver` None = liblinear
+    for two classes (several times faster than lbfgs here), lbfgs for more."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    start = time.perf_counter()
+    (x_train, y_train), (x_val, y_val), (x_test, y_test) = (
+        splits[s] for s in ("train", "validation", "test")
+    )
+    solver = solver or ("liblinear" if len(np.unique(y_train)) == 2 else "lbfgs")
+    vec = TfidfVectorizer(
+        analyzer=analyzer, ngram_range=ngrams, lowercase=lowercase, sublinear_tf=sublinear
+    )
+    f_train = vec.fit_transform(x_train)
+    f_val, f_test = vec.transform(x_val), vec.transform(x_test)
+    val_acc, models = {}, {}
+    for c in grid:
+        models[c] = LogisticRegression(C=c, max_iter=2000, solver=solver).fit(f_train, y_train)
+        val_acc[c] = float((models[c].predict(f_val) == y_val).mean())
+    best = max(grid, key=lambda c: val_acc[c])  # the smallest C of a tie: the simpler model
+    return {
+        "test_accuracy": float((models[best].predict(f_test) == y_test).mean()),
+        "features": f"{analyzer} {ngrams[0]}-{ngrams[1]}-grams",
+        "sublinear_tf": sublinear,
+        "solver": solver,
+        "best_C": best,
+        "validation_accuracy": {str(c): a for c, a in val_acc.items()},
+        "num_train": len(x_train),
+        "num_test": len(x_test),
+        "wall_s": time.perf_counter() - start,
+    }
+
+
+def fit_for_run(
+    data_cfg, splits: Mapping[str, tuple[Sequence[str], np.ndarray]], workdir: str
+) -> dict:
+    """The baseline of the run in `workdir`: read from its baseline.json when an earlier call
+    wrote it (a resumed run has the same data), else fit and written there."""
+    path = os.path.join(workdir, FILE)
+    if os.path.exists(path):
+        return workdirs.read_json(path)
+    analyzer, ngrams = FEATURES[data_cfg.tokenizer]
+    result = tfidf_logreg(splits, analyzer=analyzer, ngrams=ngrams, lowercase=data_cfg.lowercase)
+    workdirs.write_json(path, result)
+    return result
+
+
+def summary(model_accuracy: float, baseline: dict) -> str:
+    """One line setting the model's test accuracy beside the baseline's."""
+    gap = 100 * (model_accuracy - baseline["test_accuracy"])
+    return (
+        f"baseline: {baseline['features']} TF-IDF + logistic regression (C={baseline['best_C']:g} "
+        f"on validation) test accuracy {baseline['test_accuracy']:.4f}; the model is "
+        f"{abs(gap):.2f} points {'above' if gap >= 0 else 'below'} it"
+    )
