@@ -34,7 +34,6 @@ MEANINGS = {
     "data.buckets": "lengths a batch is padded to (one compiled program each)",
     "data.batch_size": "training examples per step, over all devices",
     "data.eval_batch_size": "examples per evaluation batch, over all devices",
-    "data.crop": "fraction of training texts cut to a random span of themselves (augmentation)",
     "model.d_model": "width of the token vectors",
     "model.num_heads": "attention heads per layer",
     "model.num_layers": "encoder blocks (self-attention + feed-forward)",
@@ -94,7 +93,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.data.buckets = (32, 64, 96, 128, 192, 256)
     config.data.batch_size = 32  # tuned on validation: +0.7 pt over 64 (one seed)
     config.data.eval_batch_size = 256
-    config.data.crop = 0.0
 
     config.model = ml_collections.ConfigDict()
     config.model.d_model = 64

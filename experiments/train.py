@@ -86,7 +86,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             seed=t.seed,
             start_step=start,
             rows=dp.rows(d.batch_size),
-            keep_first=int(config.model.pooling == "cls"),
             **batching.options(d),
         )
         with progress.Progress(workdir, config, start, total_steps, last.latest_step) as prog:

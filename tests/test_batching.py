@@ -89,50 +89,16 @@ def test_train_order_is_pure_function_of_seed_and_epoch():
     assert not np.array_equal(orders[0], orders[1]) and not np.array_equal(orders[0], orders[2])
 
 
-@pytest.mark.parametrize("crop", [0.0, 0.5])
 @pytest.mark.parametrize("start", [0, 1, 7, 15, 16, 40])
-def test_stream_from_a_start_step_equals_the_uninterrupted_stream(start, crop):
-    """Epochs follow one another (16 batches each); step n is the same batch however reached,
-    random crops included."""
+def test_stream_from_a_start_step_equals_the_uninterrupted_stream(start):
+    """Epochs follow one another (16 batches each); step n is the same batch however reached."""
     encoded, labels = _data()
-    kw = dict(batch_size=32, buckets=BUCKETS, max_len=MAX_LEN, seed=5, crop=crop)
+    kw = dict(batch_size=32, buckets=BUCKETS, max_len=MAX_LEN, seed=5)
     full = list(itertools.islice(batching.train_stream(encoded, labels, **kw), 60))
     resumed = batching.train_stream(encoded, labels, start_step=start, **kw)
     _assert_same(list(itertools.islice(resumed, 60 - start)), full[start:])
-    if not crop:
-        epochs = [[b for _, b in _epoch(encoded, labels, seed=5, epoch=e)] for e in range(3)]
-        _assert_same(full[:48], epochs[0] + epochs[1] + epochs[2])
-
-
-def test_crops_are_spans_of_their_text_and_keep_the_cls():
-    rng = np.random.default_rng(0)
-    seqs = [np.arange(1, n + 1, dtype=np.int32) for n in rng.integers(1, 60, 400)]
-    assert all(a is b for a, b in zip(batching.crop_spans(seqs, rng, 0.0), seqs, strict=True))
-    out = batching.crop_spans(seqs, rng, 1.0)
-    for seq, span in zip(seqs, out, strict=True):
-        if len(seq) <= batching.MIN_CROP:
-            assert span is seq
-            continue
-        assert batching.MIN_CROP <= len(span) <= len(seq)
-        assert np.array_equal(span, np.arange(span[0], span[0] + len(span)))  # contiguous
-    cut = [(s, c) for s, c in zip(seqs, out, strict=True) if len(s) > 20]
-    assert np.mean([len(c) < len(s) for s, c in cut]) > 0.8
-    # some spans are short, some start at the first token
-    assert min(len(c) for _, c in cut) < 10 and min(c[0] for _, c in cut) == 1
-    with_cls = [np.concatenate([[0], s]) for s in seqs]
-    assert all(c[0] == 0 and 0 not in c[1:] for c in batching.crop_spans(with_cls, rng, 1.0, 1))
-
-
-def test_cropped_batches_pad_to_the_shorter_spans():
-    encoded, labels = _data(n=2000)
-    kw = dict(batch_size=32, buckets=BUCKETS, max_len=MAX_LEN, seed=0)
-    plain, cropped = (
-        list(itertools.islice(batching.train_stream(encoded, labels, crop=c, **kw), 60))
-        for c in (0.0, 1.0)
-    )
-    assert all(np.array_equal(p["label"], c["label"]) for p, c in zip(plain, cropped, strict=True))
-    tokens = lambda batches: sum(int(b["mask"].sum()) for b in batches)
-    assert tokens(cropped) < 0.75 * tokens(plain)
+    epochs = [[b for _, b in _epoch(encoded, labels, seed=5, epoch=e)] for e in range(3)]
+    _assert_same(full[:48], epochs[0] + epochs[1] + epochs[2])
 
 
 def test_length_sorting_within_chunks_reduces_padding():

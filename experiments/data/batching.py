@@ -9,9 +9,7 @@ Training order: batch n of the stream is batch n mod E of epoch n // E (E batche
 epoch's order for (seed, epoch): shuffle with default_rng([seed, epoch]), sort by length within
 chunks of ~50 batches (similar lengths share a batch: less padding), cut into batches, shuffle the
 batch order. So the order is a pure function of (seed, n), which is what makes resume exact; only
-lengths are touched before a batch is produced, so starting at step n skips cheaply. With `crop`
-> 0, each training text is, with that probability, replaced by a random span of itself (see
-`crop_spans`), drawn from default_rng([seed, epoch, batch]): still a pure function of (seed, n).
+lengths are touched before a batch is produced, so starting at step n skips cheaply.
 
 Several processes: each builds the same order and keeps only its `rows` of every batch (L is still
 the whole batch's), which the devices module joins into one global batch.
@@ -31,17 +29,9 @@ Batch = dict[str, np.ndarray]
 SORT_CHUNK_BATCHES = 50
 
 
-MIN_CROP = 4  # tokens a cropped span keeps at least: shorter ones rarely carry the label
-
-
 def options(data: Any) -> dict:
     """The batching keyword arguments that config.data sets for training."""
-    return {
-        "batch_size": data.batch_size,
-        "buckets": tuple(data.buckets),
-        "max_len": data.max_len,
-        "crop": data.get("crop", 0.0),
-    }
+    return {"batch_size": data.batch_size, "buckets": tuple(data.buckets), "max_len": data.max_len}
 
 
 def steps_per_epoch(num_examples: int, batch_size: int) -> int:
@@ -80,11 +70,9 @@ def train_stream(
     seed: int,
     start_step: int = 0,
     rows: slice = slice(None),
-    crop: float = 0.0,
-    keep_first: int = 0,
 ) -> Iterator[Batch]:
     """Training batches start_step, start_step + 1, ... across epochs, without end; only `rows`
-    of each. `crop`, `keep_first`: see `crop_spans`."""
+    of each."""
     if start_step < 0:
         raise ValueError(f"start_step must be >= 0, got {start_step}")
     if not len(ids):
@@ -94,39 +82,9 @@ def train_stream(
     sizes = bucket_sizes(buckets, max_len)
     first_epoch, offset = divmod(start_step, steps_per_epoch(len(ids), batch_size))
     for epoch in itertools.count(first_epoch):
-        order = epoch_order(lengths, batch_size, seed, epoch)
-        for b in range(offset, len(order)):
-            idx = order[b]
-            if crop > 0:
-                rng = np.random.default_rng([seed, epoch, b])
-                seqs = crop_spans([ids[i] for i in idx], rng, crop, keep_first)
-                yield _make_batch(seqs, labels[idx], np.arange(len(idx)), batch_size, sizes, rows)
-            else:
-                yield _make_batch(ids, labels, idx, batch_size, sizes, rows)
+        for idx in epoch_order(lengths, batch_size, seed, epoch)[offset:]:
+            yield _make_batch(ids, labels, idx, batch_size, sizes, rows)
         offset = 0
-
-
-def crop_spans(
-    seqs: Sequence[np.ndarray], rng: np.random.Generator, prob: float, keep_first: int = 0
-) -> list[np.ndarray]:
-    """Each sequence, with probability `prob`, cut to a random contiguous span: its length uniform
-    between MIN_CROP and the whole, its start uniform. The first `keep_first` tokens (a CLS) stay.
-
-    Training texts are long (a median 48 characters in the embedded data) while users type short
-    ones; without short examples the model learns length itself as a cue.
-    """
-    out = []
-    for seq, draw, u_len, u_start in zip(
-        seqs, rng.random(len(seqs)), rng.random(len(seqs)), rng.random(len(seqs)), strict=True
-    ):
-        head, body = seq[:keep_first], seq[keep_first:]
-        if draw >= prob or len(body) <= MIN_CROP:
-            out.append(seq)
-            continue
-        n = MIN_CROP + int(u_len * (len(body) - MIN_CROP + 1))
-        start = int(u_start * (len(body) - n + 1))
-        out.append(np.concatenate([head, body[start : start + n]]))
-    return out
 
 
 def eval_batches(
