@@ -1,6 +1,6 @@
 """Benchmarks: attention kernels, the train step against Flax, and accuracy against baselines.
 
-  python -m benchmarks [attention|train|accuracy|all] [--out=benchmarks] [--quick]
+  python -m benchmarks [attention|train|accuracy|all] [--out=benchmarks] [--quick] [--seeds=0,1,2]
   python -m benchmarks imdb --imdb_path=DIR/aclImdb [--seeds=0,1,2]
   python -m benchmarks lra
   python -m benchmarks multihost
@@ -32,7 +32,7 @@ from experiments.cli import UserError
 SECTIONS = {
     "attention": lambda fv, prev: attention.run(fv.quick),
     "train": lambda fv, prev: train_step.run(fv.quick),
-    "accuracy": lambda fv, prev: accuracy.run(fv.quick),
+    "accuracy": lambda fv, prev: accuracy.run(fv.quick, fv.seeds),
     "imdb": lambda fv, prev: imdb.run(fv.quick, fv.imdb_path, fv.seeds, prev),
     "lra": lambda fv, prev: lra.run(fv.quick),
     "multihost": lambda fv, prev: multihost.run(fv.quick),
@@ -50,7 +50,9 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string(
         "imdb_path", "", "aclImdb folder for `imdb`; empty = TFDS imdb_reviews.", flag_values=fv
     )
-    flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds `imdb` trains.", flag_values=fv)
+    flags.DEFINE_list(
+        "seeds", ["0", "1", "2"], "Seeds `accuracy` and `imdb` train.", flag_values=fv
+    )
 
 
 def main(fv: flags.FlagValues, argv: list[str]) -> None:
@@ -58,6 +60,8 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
     if len(which) != 1 or which[0] not in (*SECTIONS, "all"):
         raise UserError(f"benchmark must be one of {', '.join((*SECTIONS, 'all'))}; got {which}")
     sections = list(ALL) if which[0] == "all" else [which[0]]
+    if not fv.seeds or not all(s.isdigit() for s in fv.seeds):
+        raise UserError(f"--seeds must be non-negative integers, got {','.join(fv.seeds)!r}")
     path = os.path.join(fv.out, "results.json")
     results = {}
     if os.path.exists(path):

@@ -8,6 +8,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 
 from benchmarks import attention  # noqa: E402
 
@@ -192,44 +193,76 @@ def _train_md(tr: dict) -> list[str]:
 
 
 def _accuracy_md(acc: dict) -> list[str]:
-    b, t = acc["tfidf_logreg"], acc["targets"]["beats_baseline"]
-    bs = acc["tfidf_sublinear_logreg"]
+    b, bs, t = acc["tfidf_logreg"], acc["tfidf_sublinear_logreg"], acc["targets"]
+    seeds = sorted(acc["seeds"], key=int)
     lines = [
         "## 3. Accuracy",
         "",
-        f"`experiments.train.train_and_evaluate(configs/{acc['config']}, tmp)`; wall time "
-        f"includes data loading, tokenizer, compiles, training, validation and test evaluation. "
-        f"Baseline: character 1-3-gram TF-IDF + logistic regression (scikit-learn), fit on "
-        f"train ({b['num_train']:,} texts), C chosen on validation from "
+        f"`experiments.train.train_and_evaluate(configs/{acc['config']}, tmp)` once per seed "
+        f"({', '.join(seeds)}); wall time includes data loading, tokenizer, compiles, training, "
+        "validation and test evaluation. *No attention* is the same config with "
+        "`model.num_layers=0`: the encoder block (self-attention and its feed-forward layer) "
+        "removed, everything else (embeddings, hashed n-grams, pooling, bag, loss) kept. "
+        f"Baseline: character 1-3-gram TF-IDF + logistic regression (scikit-learn, lbfgs), fit "
+        f"on train ({b['num_train']:,} texts), C chosen on validation from "
         f"{sorted(float(c) for c in b['validation_accuracy'])}, test on the same "
-        f"{b['num_test']:,} examples; with and without sublinear tf (1 + log tf).",
+        f"{b['num_test']:,} examples; with and without sublinear tf (1 + log tf). Short "
+        "reviews: 20 obvious reviews of 2-12 characters written for this check "
+        "(`benchmarks/accuracy.py`, `SHORT_REVIEWS`). Command: `python -m benchmarks accuracy`.",
         "",
-        "| model | test accuracy | macro-F1 | wall (s) | note |",
-        "|---|---|---|---|---|",
+        "| model | seed | test accuracy | macro-F1 | best validation | validation after "
+        "epoch 1 | short reviews | wall (s) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for name in ("default", "structured", "mean"):
-        r = acc[name]
-        note = f"pooling {r['model']['pooling']}, {r['epochs']} epochs" + (
-            f", max_steps {r['max_steps']}" if r["max_steps"] else ""
-        )
-        if r.get("same_as"):
-            note = f"the default already uses mean pooling: same run as {r['same_as']}"
-        lines.append(
-            f"| {name} | {r['test_accuracy']:.4f} | {r['test_macro_f1']:.4f} | "
-            f"{r['wall_s']:.0f} | {note} |"
-        )
+    for key, name in (("seeds", "default"), ("no_attention", "no attention")):
+        runs = [acc[key][s] for s in seeds if s in acc[key]]
+        for seed, r in zip(seeds, runs, strict=False):
+            short = r.get("short_reviews")
+            lines.append(
+                f"| {name} | {seed} | {r['test_accuracy']:.4f} | {r['test_macro_f1']:.4f} | "
+                f"{r['best_validation_accuracy']:.4f} | "
+                f"{_num(r['first_epoch_validation_accuracy'], '.4f')} | "
+                f"{_short(short)} | {r['wall_s']:.0f} |"
+            )
+        accs = [r["test_accuracy"] for r in runs]
+        if len(accs) > 1:
+            lines.append(
+                f"| {name} | mean ± std | {np.mean(accs):.4f} ± {np.std(accs):.4f} | | | | | |"
+            )
+    r = acc["structured"]
     lines += [
-        f"| TF-IDF + logreg | {b['test_accuracy']:.4f} | | {b['wall_s']:.0f} | C={b['best_C']} |",
-        f"| TF-IDF (sublinear tf) + logreg | {bs['test_accuracy']:.4f} | | {bs['wall_s']:.0f} | "
-        f"C={bs['best_C']} |",
-        "",
-        "### Target",
-        "",
-        f"- {t['target']}: {_met(t)}; {t['accuracy']:.4f} vs {t['baseline']:.4f} in "
-        f"{t['wall_s']:.0f} s.",
-        "",
+        f"| structured pooling | {seeds[0]} | {r['test_accuracy']:.4f} | "
+        f"{r['test_macro_f1']:.4f} | {r['best_validation_accuracy']:.4f} | | | "
+        f"{r['wall_s']:.0f} |",
+        f"| TF-IDF + logreg | | {b['test_accuracy']:.4f} | | "
+        f"{b['validation_accuracy'][str(b['best_C'])]:.4f} | | | {b['wall_s']:.0f} |",
+        f"| TF-IDF (sublinear tf) + logreg | | {bs['test_accuracy']:.4f} | | "
+        f"{bs['validation_accuracy'][str(bs['best_C'])]:.4f} | | | {bs['wall_s']:.0f} |",
     ]
+    wrong = sorted({w["text"] for s in seeds for w in acc["seeds"][s]["short_reviews"]["wrong"]})
+    lines += ["", "### Targets", ""]
+    lines += [f"- {x['target']}: {_met(x)}; {_target_numbers(x)}." for x in t.values()]
+    if wrong:
+        lines.append(f"- Short reviews some seed gets wrong: {', '.join(wrong)}.")
+    lines.append("")
     return lines
+
+
+def _short(short: dict | None) -> str:
+    if not short:
+        return ""
+    return f"{round(short['accuracy'] * short['num_examples'])}/{short['num_examples']}"
+
+
+def _target_numbers(t: dict) -> str:
+    """The numbers of one accuracy target, in the order a reader checks them."""
+    if "mean" in t:
+        return f"mean {t['mean']:.4f} ± {t['std']:.4f} vs {t['baseline']:.4f} + 0.0100"
+    accs = ", ".join(_num(a, ".4f") for a in t["accuracies"])
+    if "baseline" in t:
+        walls = ", ".join(f"{w:.0f}" for w in t["wall_s"])
+        return f"{accs} vs {t['baseline']:.4f}; {walls} s"
+    return accs
 
 
 def _imdb_source(sec: dict) -> str:

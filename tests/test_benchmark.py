@@ -156,3 +156,33 @@ def test_lra_cost_section(tmp_path, capsys):
     assert "## 5. Long Range Arena text: cost" in (tmp_path / "REPORT.md").read_text(
         encoding="utf-8"
     )
+
+
+def _run(acc: float, first: float = 0.8, short: float = 1.0, wall: float = 100.0) -> dict:
+    return {
+        "test_accuracy": acc,
+        "first_epoch_validation_accuracy": first,
+        "wall_s": wall,
+        "short_reviews": {"accuracy": short, "num_examples": 20, "wrong": []},
+    }
+
+
+def test_accuracy_targets_need_every_seed_and_a_point_on_average():
+    bases = {
+        "tfidf_logreg": {"test_accuracy": 0.85},
+        "tfidf_sublinear_logreg": {"test_accuracy": 0.86},
+    }
+    good = {**bases, "seeds": {"0": _run(0.875), "1": _run(0.87), "2": _run(0.872)}}
+    t = accuracy.targets(good)
+    assert all(x["met"] for x in t.values())
+    assert t["mean_one_point_above"]["mean"] == pytest.approx(0.8723, abs=1e-4)
+    one_low = {**bases, "seeds": {"0": _run(0.89), "1": _run(0.855), "2": _run(0.89)}}
+    t = accuracy.targets(one_low)
+    assert not t["every_seed_beats_baseline"]["met"] and t["mean_one_point_above"]["met"]
+    close = {**bases, "seeds": {"0": _run(0.865), "1": _run(0.868)}}
+    assert not accuracy.targets(close)["mean_one_point_above"]["met"]
+    slow = {**bases, "seeds": {"0": _run(0.9, wall=301)}}
+    assert not accuracy.targets(slow)["every_seed_beats_baseline"]["met"]
+    collapsed = {**bases, "seeds": {"0": _run(0.9, first=0.5), "1": _run(0.9, short=0.95)}}
+    t = accuracy.targets(collapsed)
+    assert not t["no_collapse"]["met"] and not t["short_reviews"]["met"]
