@@ -52,14 +52,30 @@ def run(quick: bool, path: str, seeds: list[str], previous: dict | None) -> dict
         f"{time.perf_counter() - start:.0f} s)"
     )
     results["peak_rss_bytes"] = timing.peak_rss_bytes()
-    accs = [r["test_accuracy"] for r in results["seeds"].values()]
-    results["targets"] = {
+    results["targets"] = targets(results)
+    return results
+
+
+def targets(results: dict) -> dict:
+    """The mean over the seeds against the baseline (what the project promises), and the
+    stricter every-seed comparison."""
+    seeds = sorted(results["seeds"], key=int)
+    accs = [results["seeds"][s]["test_accuracy"] for s in seeds]
+    bar = results["tfidf_word12_sublinear_logreg"]["test_accuracy"]
+    mean = sum(accs) / len(accs) if accs else None
+    return {
+        "mean_beats_baseline": {
+            "target": "configs/imdb.py beats word 1-2-gram TF-IDF + logreg as a mean over seeds",
+            "seeds": seeds,
+            "mean": mean,
+            "baseline": bar,
+            "met": mean is not None and mean > bar,
+        },
         "beats_baseline": {
             "target": "configs/imdb.py beats word 1-2-gram TF-IDF + logreg on every seed",
-            "seeds": sorted(results["seeds"], key=int),
+            "seeds": seeds,
             "accuracies": accs,
-            "baseline": b["test_accuracy"],
-            "met": bool(accs) and min(accs) > b["test_accuracy"],
-        }
+            "baseline": bar,
+            "met": bool(accs) and min(accs) > bar,
+        },
     }
-    return results

@@ -1,6 +1,6 @@
 """Classifies texts with a trained workdir: label, probability and the most-attended tokens.
 
-  python -m experiments.predict --workdir=runs/default "这本书很好看" "质量太差了"
+  python -m experiments.predict --workdir=runs/default "质量很好，很满意" "质量太差了"
   printf '很好\\n很差\\n' | python -m experiments.predict --workdir=runs/default
 
 Texts come from the arguments or, when there are none, one per line from standard input (blank
