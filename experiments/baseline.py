@@ -16,7 +16,7 @@ import numpy as np
 from experiments import workdirs
 
 FILE = "baseline.json"
-GRID = (1.0, 3.0, 10.0, 30.0, 100.0)
+GRID = (0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
 # tokenizer -> (analyzer, n-gram range)
 FEATURES = {"char": ("char", (1, 3)), "byte": ("char", (1, 3)), "word": ("word", (1, 2))}
 
@@ -29,10 +29,9 @@ def tfidf_logreg(
     lowercase: bool = True,
     sublinear: bool = True,
     grid: Sequence[float] = GRID,
-    solver: str | None = None,
 ) -> dict:
-    """`splits` maps train/validation/test to (texts, int labels [N]). `solver` None = liblinear
-    for two classes (several times faster than lbfgs here), lbfgs for more."""
+    """`splits` maps train/validation/test to (texts, int labels [N]). lbfgs: liblinear is
+    faster, but it also penalises the intercept, which cost 0.5 points on the embedded data."""
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
 
@@ -40,7 +39,6 @@ def tfidf_logreg(
     (x_train, y_train), (x_val, y_val), (x_test, y_test) = (
         splits[s] for s in ("train", "validation", "test")
     )
-    solver = solver or ("liblinear" if len(np.unique(y_train)) == 2 else "lbfgs")
     vec = TfidfVectorizer(
         analyzer=analyzer, ngram_range=ngrams, lowercase=lowercase, sublinear_tf=sublinear
     )
@@ -48,14 +46,13 @@ def tfidf_logreg(
     f_val, f_test = vec.transform(x_val), vec.transform(x_test)
     val_acc, models = {}, {}
     for c in grid:
-        models[c] = LogisticRegression(C=c, max_iter=2000, solver=solver).fit(f_train, y_train)
+        models[c] = LogisticRegression(C=c, max_iter=2000).fit(f_train, y_train)
         val_acc[c] = float((models[c].predict(f_val) == y_val).mean())
     best = max(grid, key=lambda c: val_acc[c])  # the smallest C of a tie: the simpler model
     return {
         "test_accuracy": float((models[best].predict(f_test) == y_test).mean()),
         "features": f"{analyzer} {ngrams[0]}-{ngrams[1]}-grams",
         "sublinear_tf": sublinear,
-        "solver": solver,
         "best_C": best,
         "validation_accuracy": {str(c): a for c, a in val_acc.items()},
         "num_train": len(x_train),

@@ -27,21 +27,21 @@ def test_word_ngrams_find_the_sentiment_word_and_c_is_chosen_on_validation():
     splits["test"] = _texts(30, 2)
     r = baseline.tfidf_logreg(splits, analyzer="word", ngrams=(1, 2))
     assert r["test_accuracy"] == 1.0
-    assert r["solver"] == "liblinear" and r["features"] == "word 1-2-grams"
+    assert r["features"] == "word 1-2-grams"
     val = r["validation_accuracy"]
     assert set(val) == {str(c) for c in baseline.GRID}
     assert val[str(r["best_C"])] == max(val.values())
     assert (r["num_train"], r["num_test"]) == (60, 30)
 
 
-def test_three_classes_fit_with_lbfgs_and_chance_labels_stay_near_chance():
+def test_three_classes_and_chance_labels_stay_near_chance():
     neutral = ["okay", "average", "so-so"]
     splits = {
         s: _texts(n, seed, (POS, NEG, neutral))
         for s, n, seed in (("train", 90, 0), ("validation", 30, 1), ("test", 60, 2))
     }
     r = baseline.tfidf_logreg(splits, analyzer="word", ngrams=(1, 1))
-    assert r["solver"] == "lbfgs" and r["test_accuracy"] == 1.0
+    assert r["test_accuracy"] == 1.0
     shuffled = dict(splits)
     shuffled["test"] = (splits["test"][0], np.random.default_rng(0).permutation(splits["test"][1]))
     assert baseline.tfidf_logreg(shuffled, analyzer="word", ngrams=(1, 1))["test_accuracy"] < 0.7
