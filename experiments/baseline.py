@@ -65,18 +65,26 @@ def fit_for_run(
     data_cfg, splits: Mapping[str, tuple[Sequence[str], np.ndarray]], workdir: str
 ) -> dict:
     """The baseline of the run in `workdir`: read from its baseline.json when an earlier call
-    wrote it (a resumed run has the same data), else fit and written there."""
+    wrote it (a resumed run has the same data), else fit and written there; {"error": why} when
+    scikit-learn cannot fit it."""
     path = os.path.join(workdir, FILE)
     if os.path.exists(path):
         return workdirs.read_json(path)
     analyzer, ngrams = FEATURES[data_cfg.tokenizer]
-    result = tfidf_logreg(splits, analyzer=analyzer, ngrams=ngrams, lowercase=data_cfg.lowercase)
+    try:
+        result = tfidf_logreg(
+            splits, analyzer=analyzer, ngrams=ngrams, lowercase=data_cfg.lowercase
+        )
+    except ValueError as e:  # e.g. one class in train: the trained model must still be reported
+        return {"error": str(e).splitlines()[0]}
     workdirs.write_json(path, result)
     return result
 
 
 def summary(model_accuracy: float, baseline: dict) -> str:
-    """One line setting the model's test accuracy beside the baseline's."""
+    """One line setting the model's test accuracy beside the baseline's (or why it has none)."""
+    if "error" in baseline:
+        return f"baseline: not fit: {baseline['error']}"
     gap = 100 * (model_accuracy - baseline["test_accuracy"])
     return (
         f"baseline: {baseline['features']} TF-IDF + logistic regression (C={baseline['best_C']:g} "

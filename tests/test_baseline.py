@@ -81,6 +81,16 @@ def test_a_run_prints_and_records_the_baseline_and_a_rerun_reuses_it(tmp_path, c
     assert line in again.stdout
 
 
+def test_data_it_cannot_fit_gives_a_reason_and_no_file(tmp_path):
+    texts, labels = _texts(20, 0)
+    one_class = {s: (texts, np.zeros(20, np.int32)) for s in ("train", "validation", "test")}
+    data = type("Data", (), {"tokenizer": "word", "lowercase": True})
+    out = baseline.fit_for_run(data, one_class, str(tmp_path))
+    assert "class" in out["error"] and "\n" not in out["error"]
+    assert not (tmp_path / baseline.FILE).exists()
+    assert baseline.summary(0.9, out).startswith("baseline: not fit: ")
+
+
 def test_summary_says_above_or_below():
     b = {"features": "word 1-2-grams", "best_C": 10.0, "test_accuracy": 0.9}
     assert "2.50 points above" in baseline.summary(0.925, b)
