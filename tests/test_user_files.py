@@ -149,6 +149,7 @@ def test_flat_folder_and_bad_file_named(tmp_path, capsys):
         (lambda d: _csv(d, ["text,stars", "a,b"]), r"no column 'label' \(data.label_field\)"),
         (lambda d: _csv(d, ['{"x": 1}'], name="d.jsonl"), "no row has the field 'text'"),
         (lambda d: _csv(d, ["a,b"], name="d.xlsx"), "unknown file type '.xlsx'"),
+        (lambda d: _csv(d, ["text,label", "a,pos", "b,pos"]), "every row has the label 'pos'"),
         (lambda d: str(d), "has no <label>/\\*.txt files"),
         (lambda d: "", "data.path is empty"),
     ],

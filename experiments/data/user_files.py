@@ -110,6 +110,11 @@ def load(
     if not label_names:
         _warn_single_labels(path, rows, good)
     names = tuple(label_names) if label_names else tuple(sorted({lab for _, lab, _ in good}))
+    if len(names) < 2:
+        raise UserError(
+            f"data.path={path!r}: every row has the label {names[0]!r}; a classifier needs at "
+            "least two labels (is the file sorted by label and cut short?)"
+        )
     ids = {name: i for i, name in enumerate(names)}
     has_validation = any(hint == "validation" for _, _, hint in good)
     out: dict[str, tuple[list[str], list[int]]] = {s: ([], []) for s in SPLITS}
