@@ -161,8 +161,14 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
         raise UserError("both --config=configs/<name>.py and --workdir=DIR are required")
     start = time.perf_counter()
     distributed.initialize_from_flags(fv)
+    fresh = not os.path.exists(workdir)
     with cli.interrupt_detail(lambda: _resume_hint(workdir)):
-        test = train_and_evaluate(config, workdir)
+        try:
+            test = train_and_evaluate(config, workdir)
+        except UserError:
+            if fresh and distributed.is_primary():  # a refused run leaves no empty workdir
+                workdirs.remove_if_unused(workdir)
+            raise
     if not distributed.is_primary():
         return
     curves = plots.plot_curves(workdir)

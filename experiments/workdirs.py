@@ -66,6 +66,13 @@ def check_writable(workdir: str) -> None:
         raise UserError(f"workdir {workdir!r} has only {free >> 20} MiB free; need 64 MiB")
 
 
+def remove_if_unused(workdir: str) -> None:
+    """Deletes `workdir` when it holds no file (folders only): what a run refused before writing
+    anything leaves behind. Call it only for a workdir that run created."""
+    if os.path.isdir(workdir) and not any(files for _, _, files in os.walk(workdir)):
+        shutil.rmtree(workdir)
+
+
 def check_same_run(config: ml_collections.ConfigDict, workdir: str) -> None:
     """Refuses to continue the run in `workdir` with other data, tokenizer, optimizer or seed than
     its config.json and tokenizer.json record, naming every differing field (model fields are the

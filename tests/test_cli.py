@@ -229,3 +229,20 @@ def test_output_into_a_closed_pipe_ends_quietly(trained):
     proc.wait(timeout=300)
     assert proc.returncode == 141, err
     assert "error" not in err and "Traceback" not in err and "Exception" not in err, err
+
+
+def test_a_run_refused_before_writing_leaves_no_workdir(tmp_path, tfds_dir, capsys):
+    """A bad config or file refuses the run after the workdir was made; it is removed again, but
+    only when this run made it."""
+    bad = tmp_path / "one_label.csv"
+    bad.write_text("text,label\n" + "".join(f"text {i},pos\n" for i in range(30)), "utf-8")
+    workdir = tmp_path / "new"
+    args = ("--config=configs/csv.py", f"--config.data.path={bad}", f"--workdir={workdir}")
+    proc = run_here("experiments.train", *args, capsys=capsys)
+    assert proc.returncode == 2 and "every row has the label 'pos'" in proc.stderr
+    assert not workdir.exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    args = (*tiny_flags(tfds_dir), f"--workdir={mine}", "--config.model.pooling=avg")
+    assert run_here("experiments.train", *args, capsys=capsys).returncode == 2
+    assert mine.is_dir()  # the user's own folder stays, even empty
