@@ -28,6 +28,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.data.max_vocab = 30000
         if arg != "tiny":
             config.data.max_len = 512  # about 85% of reviews fit; longer ones are cut
+            config.data.tail_len = 384  # a cut review keeps its first 128 and last 384 words
             config.data.buckets = (64, 128, 192, 256, 384, 512)
             config.data.eval_batch_size = 128
             config.model.ngram_buckets = 1 << 18  # word 2-3-grams added to the token embeddings

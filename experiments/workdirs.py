@@ -200,6 +200,7 @@ def encode(trained: Trained, text: str) -> np.ndarray:
         [encoding.check_text(text)],
         max_len=trained.cfg.max_len,
         add_cls=trained.cfg.pooling == "cls",
+        tail_len=trained.config.data.get("tail_len", 0),  # workdirs older than the field: 0
     )[0]
 
 

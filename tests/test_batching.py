@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 
+from experiments.cli import UserError
 from experiments.data import batching, encoding, tokenizers
 
 BUCKETS = (8, 16, 32, 48)
@@ -160,6 +161,24 @@ def test_encode_truncates_and_prepends_cls(add_cls):
         body = s[1:] if add_cls else s
         assert not add_cls or s[0] == tokenizers.CLS
         np.testing.assert_array_equal(body, [ord(c) for c in t[: len(body)]])
+
+
+@pytest.mark.parametrize("add_cls", [False, True])
+def test_encode_tail_len_keeps_the_start_and_the_end(add_cls):
+    long, short = "abcdefghijklmnopqrstuvwxyz", "abcdef"
+    out = encoding.encode(_Chars(), [long, short], max_len=10, add_cls=add_cls, tail_len=4)
+    body = out[0][1:] if add_cls else out[0]
+    keep_head = 10 - add_cls - 4
+    np.testing.assert_array_equal(body, [ord(c) for c in long[:keep_head] + "wxyz"])
+    np.testing.assert_array_equal(out[1][add_cls:], [ord(c) for c in short])  # fits: uncut
+    whole_tail = encoding.encode(_Chars(), [long], max_len=10, add_cls=False, tail_len=10)[0]
+    np.testing.assert_array_equal(whole_tail, [ord(c) for c in long[-10:]])
+
+
+@pytest.mark.parametrize("tail_len", [-1, 10, 2.5])
+def test_encode_refuses_a_tail_longer_than_what_is_kept(tail_len):
+    with pytest.raises(UserError, match="data.tail_len must be an integer in \\[0, 9\\]"):
+        encoding.encode(_Chars(), ["abc"], max_len=10, add_cls=True, tail_len=tail_len)
 
 
 def test_prefetch_yields_in_order_and_reraises():

@@ -39,6 +39,27 @@ def test_training_writes_checkpoints_metrics_and_test_results(trained):
     assert int(saved_state(trained, 6)["step"]) == 6
 
 
+def test_predict_cuts_long_texts_as_training_did(trained_copy):
+    text = "好" * 100 + "质量太差了"  # longer than the tiny config's 64 tokens
+    config_path = os.path.join(trained_copy, "config.json")
+    with open(config_path, encoding="utf-8") as f:
+        config = json.load(f)
+    assert "tail_len" in config["data"]
+    head = workdirs.encode(workdirs.load(trained_copy), text)
+    del config["data"]["tail_len"]  # a workdir from before the field: the start only
+    with open(config_path, "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    np.testing.assert_array_equal(workdirs.encode(workdirs.load(trained_copy), text), head)
+    config["data"]["tail_len"] = 5
+    with open(config_path, "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    trained = workdirs.load(trained_copy)
+    ids = workdirs.encode(trained, text)
+    assert len(ids) == len(head) == trained.cfg.max_len
+    np.testing.assert_array_equal(ids[-5:], trained.tokenizer.encode("质量太差了"))
+    np.testing.assert_array_equal(ids[:-5], head[:-5])
+
+
 def test_evaluate_predict_visualize(trained_copy, tmp_path):
     result = evaluate.evaluate_workdir(trained_copy, "validation")
     assert EVAL_KEYS <= set(result)

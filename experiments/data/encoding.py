@@ -49,21 +49,44 @@ def load(
     if tokenizer is None:
         tokenizer = _tokenizer(data, examples, workdir)
     encoded = {
-        s: Split(texts, encode(tokenizer, texts, max_len=data.max_len, add_cls=add_cls), labels)
+        s: Split(
+            texts,
+            encode(tokenizer, texts, max_len=data.max_len, add_cls=add_cls, tail_len=data.tail_len),
+            labels,
+        )
         for s, (texts, labels, _) in examples.items()
     }
     return Encoded(tokenizer, next(iter(examples.values()))[2], encoded)
 
 
 def encode(
-    tokenizer: tokenizers.Tokenizer, texts: Sequence[str], *, max_len: int, add_cls: bool
+    tokenizer: tokenizers.Tokenizer,
+    texts: Sequence[str],
+    *,
+    max_len: int,
+    add_cls: bool,
+    tail_len: int = 0,
 ) -> list[np.ndarray]:
-    """Token ids per text, int32 [n <= max_len], keeping the first tokens; CLS (if any) counts."""
+    """Token ids per text, int32 [n <= max_len]; CLS (if any) counts.
+
+    A longer text keeps its first max_len - tail_len tokens (CLS included) and its last tail_len:
+    a review often states its verdict at the end (Sun et al. 2019 keep head and tail on IMDB).
+    """
     if max_len < 1 + add_cls:
         raise ValueError(f"max_len must be >= {1 + add_cls}, got {max_len}")
     keep = max_len - add_cls
+    if not (isinstance(tail_len, int) and 0 <= tail_len <= keep):
+        raise UserError(
+            f"data.tail_len must be an integer in [0, {keep}] (max_len less CLS), got {tail_len!r}"
+        )
     prefix = np.array([CLS] * add_cls, np.int32)
-    return [np.concatenate([prefix, tokenizer.encode(t)[:keep]]) for t in texts]
+    return [np.concatenate([prefix, _cut(tokenizer.encode(t), keep, tail_len)]) for t in texts]
+
+
+def _cut(ids_N: np.ndarray, keep: int, tail_len: int) -> np.ndarray:
+    if len(ids_N) <= keep:
+        return ids_N
+    return np.concatenate([ids_N[: keep - tail_len], ids_N[len(ids_N) - tail_len :]])
 
 
 def check_text(text: str) -> str:
