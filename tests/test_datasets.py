@@ -32,6 +32,7 @@ def _cfg(**kw) -> ml_collections.ConfigDict:
         min_freq=1,
         max_vocab=0,
         max_len=64,
+        tail_len=0,
         buckets=(16, 32, 64),
         batch_size=8,
         eval_batch_size=8,
