@@ -42,17 +42,14 @@ def test_training_writes_checkpoints_metrics_and_test_results(trained):
 def test_predict_cuts_long_texts_as_training_did(trained_copy):
     text = "好" * 100 + "质量太差了"  # longer than the tiny config's 64 tokens
     config_path = os.path.join(trained_copy, "config.json")
-    with open(config_path, encoding="utf-8") as f:
-        config = json.load(f)
+    config = workdirs.read_json(config_path)
     assert "tail_len" in config["data"]
     head = workdirs.encode(workdirs.load(trained_copy), text)
     del config["data"]["tail_len"]  # a workdir from before the field: the start only
-    with open(config_path, "w", encoding="utf-8") as f:
-        json.dump(config, f)
+    workdirs.write_json(config_path, config)
     np.testing.assert_array_equal(workdirs.encode(workdirs.load(trained_copy), text), head)
     config["data"]["tail_len"] = 5
-    with open(config_path, "w", encoding="utf-8") as f:
-        json.dump(config, f)
+    workdirs.write_json(config_path, config)
     trained = workdirs.load(trained_copy)
     ids = workdirs.encode(trained, text)
     assert len(ids) == len(head) == trained.cfg.max_len
