@@ -46,6 +46,10 @@ _TOKENIZER_FIELDS = {
     "min_freq": "data.min_freq",
     "max_vocab": "data.max_vocab",
 }
+# Fields added after workdirs were first written -> the value runs from before them used: a saved
+# config.json without one is read with it, so resuming such a run with a config that sets another
+# value is refused like any other change.
+_ADDED_LATER = {"data.tail_len": 0}
 # Shapes only: init runs under jax.eval_shape. Not a key made at import, which would start JAX's
 # backend before a process of several can join the others.
 _KEY = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)
@@ -80,7 +84,7 @@ def check_same_run(config: ml_collections.ConfigDict, workdir: str) -> None:
     saved = {}
     config_path = os.path.join(workdir, "config.json")
     if os.path.exists(config_path):
-        saved.update(_flat(read_json(config_path)))
+        saved.update(_flat(read_config(config_path).to_dict()))
     tokenizer_path = os.path.join(workdir, "tokenizer.json")
     if os.path.exists(tokenizer_path):  # what the saved vocabulary was really built with
         tok = read_json(tokenizer_path)
@@ -96,6 +100,16 @@ def check_same_run(config: ml_collections.ConfigDict, workdir: str) -> None:
             f"workdir {workdir!r} holds a run with another config ({'; '.join(diff)}); "
             "use a new --workdir or the original config"
         )
+
+
+def read_config(path: str) -> ml_collections.ConfigDict:
+    """A workdir's config.json, with the fields it predates set as its run used them."""
+    config = ml_collections.ConfigDict(read_json(path))
+    for name, old in _ADDED_LATER.items():
+        section, field = name.split(".")
+        if section in config and field not in config[section]:
+            config[section][field] = old
+    return config
 
 
 def read_json(path: str) -> dict:
@@ -149,11 +163,7 @@ def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
     config_path = os.path.join(workdir, "config.json")
     if not os.path.exists(config_path):
         raise UserError(f"{workdir!r} has no config.json; is it a training workdir?")
-    try:
-        with open(config_path, encoding="utf-8") as f:
-            config = ml_collections.ConfigDict(json.load(f))
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot read {config_path}: {e}") from None
+    config = read_config(config_path)
     step = checkpoints.latest_step(workdir, which)
     if step is None and which == checkpoints.BEST:  # a run stopped before its first evaluation
         which = checkpoints.LAST
@@ -200,7 +210,7 @@ def encode(trained: Trained, text: str) -> np.ndarray:
         [encoding.check_text(text)],
         max_len=trained.cfg.max_len,
         add_cls=trained.cfg.pooling == "cls",
-        tail_len=trained.config.data.get("tail_len", 0),  # workdirs older than the field: 0
+        tail_len=trained.config.data.tail_len,
     )[0]
 
 

@@ -154,6 +154,18 @@ def test_resume_may_change_only_how_long_and_how_often(trained_copy, tfds_dir):
             workdirs.check_same_run(tiny_config(tfds_dir, **{field: value}), trained_copy)
 
 
+def test_resume_reads_a_field_the_workdir_predates_as_its_old_value(trained_copy, tfds_dir):
+    """A workdir written before data.tail_len existed cut texts at the start only (tail_len 0):
+    resuming it with a config that keeps the tail would silently change the run."""
+    config_path = os.path.join(trained_copy, "config.json")
+    saved = workdirs.read_json(config_path)
+    del saved["data"]["tail_len"]
+    workdirs.write_json(config_path, saved)
+    workdirs.check_same_run(tiny_config(tfds_dir, data__tail_len=0), trained_copy)
+    with pytest.raises(UserError, match="data.tail_len: workdir 0 vs config 5"):
+        workdirs.check_same_run(tiny_config(tfds_dir, data__tail_len=5), trained_copy)
+
+
 @pytest.mark.slow
 def test_eight_devices_train_like_one(request, eight_devices):
     assert_same_training(eight_devices, request.getfixturevalue("trained"))
