@@ -12,6 +12,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -98,6 +99,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Slow tests first: with pytest-xdist one worker starts on them while the others take the
     rest, instead of the longest test starting last."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """An xdist worker still busy 5 s after the run ended is sent SIGINT by execnet. Landing in
+    jax's gc callback during pytest's last gc.collect(), it printed an "Exception ignored ...
+    KeyboardInterrupt" traceback under a green run. The worker's results are reported by now,
+    so it ends quietly instead."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        signal.signal(signal.SIGINT, lambda signum, frame: os._exit(0))
 
 
 def tiny_config(data_dir: str, **overrides) -> ml_collections.ConfigDict:

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 
 import pytest
 from conftest import ROOT, assert_one_line_error, run, run_here, tiny_flags, tree_hash
@@ -246,3 +247,40 @@ def test_a_run_refused_before_writing_leaves_no_workdir(tmp_path, tfds_dir, caps
     args = (*tiny_flags(tfds_dir), f"--workdir={mine}", "--config.model.pooling=avg")
     assert run_here("experiments.train", *args, capsys=capsys).returncode == 2
     assert mine.is_dir()  # the user's own folder stays, even empty
+
+
+def test_a_slow_xdist_worker_teardown_ends_without_a_traceback(tmp_path):
+    """`make test` runs pytest-xdist, whose workers get SIGINT when they have not exited 5 s after
+    the run. A teardown that spends that long in gc (and so in jax's gc callback) must still end
+    quietly; the suite's conftest loaded as a plugin does that."""
+    (tmp_path / "slow_teardown.py").write_text(
+        textwrap.dedent(
+            """
+            import gc, os, time
+            import pytest
+
+            @pytest.hookimpl(trylast=True)
+            def pytest_unconfigure(config):
+                if os.environ.get("PYTEST_XDIST_WORKER"):
+                    garbage = [[i] for i in range(200_000)]
+                    deadline = time.monotonic() + 8
+                    while time.monotonic() < deadline:
+                        gc.collect()
+            """
+        ),
+        "utf-8",
+    )
+    (tmp_path / "test_one.py").write_text("def test_one():\n    assert True\n", "utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(tmp_path)])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "1", "-p", "conftest", "-p", "slow_teardown"]
+        + ["-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path / "test_one.py")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 passed" in proc.stdout
+    assert "KeyboardInterrupt" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
