@@ -8,10 +8,12 @@ Splits are 80/10/10 by a stable hash of each text; label names come from the dat
 missing field, empty text or undecodable bytes are reported with their line numbers, and the run
 stops when more than config.data.max_bad_fraction of them are bad.
 
-The tokenizer, the length, the number of epochs, warmup and the evaluation and checkpoint
-intervals are chosen from the training split (`experiments/defaults.py`: characters for Chinese or
-Japanese, words otherwise; the 95th-percentile length; about 40,000 examples seen), printed when
-the run starts and recorded in the workdir's config.json. Any of them can still be set, e.g.
+The tokenizer, the length, how much of a longer text's end is kept, the number of epochs, warmup
+and the evaluation and checkpoint intervals are chosen from the training split
+(`experiments/defaults.py`: characters for Chinese or Japanese, words otherwise; the
+95th-percentile length, of which a cut text keeps the first quarter and the last three quarters;
+about 40,000 examples seen), printed when the run starts and recorded in the workdir's
+config.json. Any of them can still be set, e.g.
 `--config.data.tokenizer=char --config.data.max_len=128`.
 
 Variants: (none) = the default config's model; `tiny` for tests.
@@ -30,6 +32,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         if arg != "tiny":
             config.data.tokenizer = "auto"
             config.data.max_len = 0  # 0 = chosen from the data, as the fields below
+            config.data.tail_len = -1
             config.train.num_epochs = 0
             config.optim.warmup_steps = -1
             config.train.eval_every_steps = 0
@@ -39,6 +42,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             # class (49.8%) from step 200 to 500, where it was stopped.
             config.model.bag_buckets = 1 << 20
             config.model.bag_orders = (1, 2)
+            # English words are many: on IMDB the 8,000 most frequent cover 94.8% of the tokens,
+            # 30,000 cover 99.0% (seed 0, best validation 89.74% -> 90.10%). The embedded Chinese
+            # reviews have 3,726 characters seen twice or more, so the cap changes nothing there.
+            config.data.max_vocab = 30000
         else:
             config.data.tokenizer = "char"
     return config

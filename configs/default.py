@@ -31,7 +31,8 @@ MEANINGS = {
     "data.min_freq": "keep tokens seen at least this often in train (char and word)",
     "data.max_vocab": "vocabulary size cap, the 3 reserved ids included; 0 = no cap",
     "data.max_len": "tokens per text (CLS included), longer ones are cut; 0 = from the data",
-    "data.tail_len": "tokens a cut text keeps from its end, the rest from its start; 0 = none",
+    "data.tail_len": "a cut text keeps this many tokens from its end, the rest from its start; "
+    "-1 = from the data",
     "data.buckets": "lengths a batch is padded to (one compiled program each)",
     "data.batch_size": "training examples per step, over all devices",
     "data.eval_batch_size": "examples per evaluation batch, over all devices",

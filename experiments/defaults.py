@@ -1,13 +1,16 @@
 """Settings a config leaves to the data: the tokenizer, the length, the schedule.
 
 `configs/csv.py` marks them `auto` (the tokenizer) or 0 (max_len, num_epochs, eval and checkpoint
-intervals; warmup_steps -1), because a user's data may be Chinese sentences or English essays.
+intervals; warmup_steps and tail_len -1), because a user's data may be Chinese sentences or
+English essays.
 `resolve` fills them from the training split and returns a new config, which the run then records
 in `config.json`; a field set to anything else is kept as given. The rules:
 
 - tokenizer: `char` when more than 30% of the non-space characters are CJK, else `word`.
 - max_len: the 95th percentile of the training texts' lengths in those tokens, rounded up to a
   multiple of 32 and kept in [32, 512]; buckets at 1/4, 1/2, 3/4 and all of it.
+- tail_len: 3/4 of max_len, so a longer text keeps its first quarter and its end, where a review
+  often gives its verdict.
 - num_epochs: about 40,000 examples seen (3 epochs of the embedded data's 13,875), 2 to 10 epochs.
 - warmup_steps: 7.5% of the steps; eval_every_steps: 1/13 of them; checkpoints twice as far apart.
 """
@@ -29,6 +32,7 @@ _SAMPLE = 5000  # texts looked at for the script and the lengths: enough for a 9
 _AUTO = {
     "data.tokenizer": "auto",
     "data.max_len": 0,
+    "data.tail_len": -1,
     "train.num_epochs": 0,
     "optim.warmup_steps": -1,
     "train.eval_every_steps": 0,
@@ -66,6 +70,9 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         d.max_len = int(min(max(32 * math.ceil(p95 / 32), 32), 512))
         d.buckets = tuple(sorted({max(8, d.max_len * i // 4) for i in (1, 2, 3, 4)}))
         said.append(f"max_len={d.max_len} (95% of texts have <= {p95:.0f} tokens)")
+    if "data.tail_len" in auto:
+        d.tail_len = 3 * d.max_len // 4
+        said.append(f"tail_len={d.tail_len}")
     if "train.num_epochs" in auto:
         out.train.num_epochs = int(min(max(round(40_000 / max(len(texts), 1)), 2), 10))
         said.append(f"num_epochs={out.train.num_epochs} ({len(texts):,} training texts)")

@@ -43,6 +43,7 @@ def test_english_gets_words_and_its_length(tmp_path, capsys):
     d, t, o = config.data, config.train, config.optim
     assert d.tokenizer == "word"
     assert d.max_len == 32 and d.buckets == (8, 16, 24, 32)  # 19-20 words per text
+    assert d.tail_len == 24  # a longer text keeps its first 8 and last 24 words
     n_train = 200 * 0.8  # about: the hash split
     assert t.num_epochs == 10  # 40,000 examples would be 250 epochs: capped
     steps = t.num_epochs * -(-int(n_train) // d.batch_size)
@@ -60,9 +61,12 @@ def test_chinese_gets_characters(tmp_path):
 def test_what_the_user_sets_is_kept(tmp_path):
     path = _write(tmp_path / "en.csv", 200, _EN)
     config = defaults.resolve(
-        _config(path, data__tokenizer="char", data__max_len=100, train__num_epochs=3)
+        _config(
+            path, data__tokenizer="char", data__max_len=100, data__tail_len=0, train__num_epochs=3
+        )
     )
-    assert (config.data.tokenizer, config.data.max_len, config.train.num_epochs) == ("char", 100, 3)
+    d = config.data
+    assert (d.tokenizer, d.max_len, d.tail_len, config.train.num_epochs) == ("char", 100, 0, 3)
     assert config.data.buckets == default.get_config().data.buckets  # set with max_len, kept
     # A config with nothing left to the data is returned as is, without reading it.
     plain = default.get_config()
@@ -77,6 +81,7 @@ def test_a_run_records_what_was_chosen(tmp_path, capsys):
     assert proc.returncode == 0, proc.stderr
     recorded = json.loads((tmp_path / "w" / "config.json").read_text(encoding="utf-8"))
     assert recorded["data"]["tokenizer"] == "word" and recorded["data"]["max_len"] == 32
+    assert recorded["data"]["tail_len"] == 24
     assert recorded["train"]["eval_every_steps"] == 1  # 2 steps / 13, at least 1
     assert recorded["optim"]["warmup_steps"] == 0
 
