@@ -147,15 +147,25 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_boolean(
         "print_config",
         False,
-        "Print every config field with its value (overrides applied) and meaning, then exit.",
+        "Print every config field with the value a run would use and its meaning, then exit.",
         flag_values=fv,
     )
+
+
+def _resolved_if_readable(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The values a run would use; fields left to the data stay marked when it cannot be read
+    (e.g. csv.py before --config.data.path is given), since listing fields needs no data."""
+    try:
+        return defaults.resolve(config)
+    except UserError as e:
+        print(f"fields chosen from the data stay marked; cannot read it: {e}", file=sys.stderr)
+        return config
 
 
 def main(fv: flags.FlagValues, argv: list[str]) -> None:
     config, workdir = fv.config, fv.workdir
     if config is not None and fv.print_config:
-        print(cli.describe_config(config))
+        print(cli.describe_config(_resolved_if_readable(config)))
         return
     if config is None or not workdir:
         raise UserError("both --config=configs/<name>.py and --workdir=DIR are required")

@@ -86,3 +86,23 @@ def test_print_config_shows_values_with_overrides_and_meanings(tmp_path, capsys)
         for line in lines
     ), proc.stdout
     assert not workdir.exists()  # nothing trained, nothing written
+
+
+def test_print_config_shows_what_the_data_chooses(tmp_path, capsys):
+    """csv.py's data-chosen fields are printed as a run would set them; without a readable file
+    they stay marked, and the fields are listed all the same."""
+    path = tmp_path / "en.csv"
+    rows = [f"the film was {'great' if i % 2 else 'dull'} {i},{i % 2}" for i in range(60)]
+    path.write_text("text,label\n" + "\n".join(rows) + "\n", "utf-8")
+    args = ["--config=configs/csv.py", "--print_config", f"--workdir={tmp_path / 'w'}"]
+    proc = run_here("experiments.train", *args, f"--config.data.path={path}", capsys=capsys)
+    assert proc.returncode == 0, proc.stderr
+    values = dict(line.split(" # ")[0].split(" = ") for line in proc.stdout.splitlines())
+    values = {k.strip(): v.strip() for k, v in values.items()}
+    assert values["data.tokenizer"] == "'word'" and values["data.max_len"] == "32"
+    assert values["data.tail_len"] == "24" and values["train.num_epochs"] == "10"
+    proc = run_here("experiments.train", *args, capsys=capsys)
+    assert proc.returncode == 0, proc.stderr
+    assert "data.tokenizer = 'auto'" in proc.stdout and "data.tail_len = -1" in proc.stdout
+    assert "cannot read it: data.path is empty" in proc.stderr
+    assert not (tmp_path / "w").exists()
