@@ -9,6 +9,10 @@ single vector loses rare decisive phrases; trained jointly, attention learns wha
 Features: each distinct bucket id of a row (per n-gram order) counts once, padding never; the bag
 is L2-normalised, weight 1/√(number of distinct n-grams), as TF-IDF rows are. logits [B, C] =
 Σ_n Σ_{distinct ids i in row b} table[i] / √count_b.
+
+The table may start from naive Bayes log-count ratios of the training split (`document_counts`,
+`naive_bayes_table`): NBSVM's features (Wang & Manning 2012), here a starting point that training
+moves on from, instead of zeros.
 """
 
 import jax
@@ -48,3 +52,32 @@ def logits(
         keep_NxBxL = jax.random.bernoulli(rng, 1.0 - dropout, w_NxBxL.shape)
         w_NxBxL = jnp.where(keep_NxBxL, w_NxBxL / (1.0 - dropout), 0.0)
     return jnp.einsum("nbl,nblc->bc", w_NxBxL, table_VxC[sorted_NxBxL])
+
+
+def document_counts(
+    ids_NxBxL: jax.Array,
+    real_BxL: jax.Array,
+    labels_B: jax.Array,
+    weight_B: jax.Array,
+    *,
+    buckets: int,
+    num_classes: int,
+) -> jax.Array:
+    """Counts [V, C] float32: how many documents of each class hold each bucket id (a document
+    counts once per id, however often it repeats it); rows of weight 0 count nothing."""
+    sorted_NxBxL, w_NxBxL = weights(ids_NxBxL, real_BxL)
+    first_NxBxL = (w_NxBxL > 0) * weight_B[None, :, None]
+    labels_NxBxL = jnp.broadcast_to(labels_B[None, :, None], sorted_NxBxL.shape)
+    counts_VxC = jnp.zeros((buckets, num_classes), jnp.float32)
+    return counts_VxC.at[sorted_NxBxL, labels_NxBxL].add(first_NxBxL)
+
+
+def naive_bayes_table(counts_VxC: jax.Array, alpha: float = 1.0) -> jax.Array:
+    """A table [V, C] float32 from document counts [V, C]: each class's smoothed log-probability of
+    the bucket (multinomial naive Bayes over binary features), centred across classes, so that
+    for two classes the columns are ∓ half the log-count ratio. Buckets no training document
+    holds stay 0: the smoothing alone would give them a bias towards the smaller class."""
+    p_VxC = counts_VxC + alpha
+    logp_VxC = jnp.log(p_VxC / p_VxC.sum(0, keepdims=True))
+    centred_VxC = logp_VxC - logp_VxC.mean(1, keepdims=True)
+    return jnp.where(counts_VxC.sum(1, keepdims=True) > 0, centred_VxC, 0.0)

@@ -193,6 +193,11 @@ def ngram_buckets(tokens_BxL: jax.Array, orders: tuple[int, ...], buckets: int) 
     return jnp.stack(out).astype(jnp.int32)
 
 
+def bag_ids(tokens_BxL: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """The bag's bucket ids [len(bag_orders), B, L] of token ids [B, L]."""
+    return ngram_buckets(_known(tokens_BxL, cfg), cfg.bag_orders, cfg.bag_buckets)
+
+
 def _known(tokens_BxL: jax.Array, cfg: ModelConfig) -> jax.Array:
     """Ids outside [0, vocab_size) replaced by UNK."""
     return jnp.where((tokens_BxL < 0) | (tokens_BxL >= cfg.vocab_size), UNK, tokens_BxL)
@@ -334,7 +339,7 @@ def apply(
     pooled_BxP = layers.dropout(pooled_BxP, cfg.dropout, train=train, rng=r_pool)
     logits_BxC = layers.dense(params["head"], pooled_BxP.astype(jnp.float32))
     if cfg.bag_buckets:
-        ids_NxBxL = ngram_buckets(_known(tokens_BxL, cfg), cfg.bag_orders, cfg.bag_buckets)
+        ids_NxBxL = bag_ids(tokens_BxL, cfg)
         # fold_in rather than a third split: configs without the bag keep their random streams.
         r_bag = jax.random.fold_in(rng, 1) if train else None
         logits_BxC = logits_BxC + bag.logits(

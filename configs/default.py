@@ -64,6 +64,8 @@ MEANINGS = {
     "optim.adversarial_eps": "norm of the adversarial embedding perturbation; 0 = off",
     "optim.ema_decay": "running average of the weights to evaluate and serve; 0 = off",
     "optim.penalty_weight": "weight of structured pooling's ||AA^T - I||^2 penalty",
+    "optim.bag_init": "the bag's starting table: zeros, or naive_bayes (log-count ratios of the "
+    "training split)",
     "optim.max_nonfinite": "consecutive skipped (non-finite) steps before training stops",
     "train.seed": "initialisation, dropout and batch order",
     "train.num_epochs": "passes over the training split (if max_steps is 0); 0 = from the data",
@@ -130,6 +132,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.optim.adversarial_eps = 2.0
     config.optim.ema_decay = 0.0  # > 0 evaluates and serves a running average of the weights
     config.optim.penalty_weight = 0.1  # structured pooling's ||AA^T - I||^2 coefficient
+    config.optim.bag_init = "zeros"  # the bag's starting table, when model.bag_buckets > 0
     config.optim.max_nonfinite = 20  # consecutive skipped (non-finite) steps before giving up
 
     config.train = ml_collections.ConfigDict()

@@ -31,6 +31,9 @@ def model_config(
         raise UserError(f"config.model: {e}") from None
 
 
+BAG_INITS = ("zeros", "naive_bayes")
+
+
 def check_optim(optim: ml_collections.ConfigDict) -> None:
     """Optimizer settings outside their range fail here, by name, instead of as NaNs later."""
     rules = {
@@ -48,6 +51,8 @@ def check_optim(optim: ml_collections.ConfigDict) -> None:
         v = optim[name]
         if isinstance(v, bool) or not isinstance(v, int | float) or not ok(v):
             raise UserError(f"config.optim.{name} must be {want}; got {v!r}")
+    if optim.bag_init not in BAG_INITS:
+        raise UserError(f"config.optim.bag_init must be one of {BAG_INITS}; got {optim.bag_init!r}")
 
 
 def make_optimizer(
@@ -87,10 +92,18 @@ def init_state(
     tx: optax.GradientTransformation,
     *,
     ema: bool = False,
+    bag_VxC: jax.Array | None = None,
 ):
-    """{"params", "opt_state", "step", "rng"}, plus "ema" (a running average of params) if ema."""
+    """{"params", "opt_state", "step", "rng"}, plus "ema" (a running average of params) if ema.
+
+    bag_VxC, if given, is the bag's starting table instead of zeros.
+    """
     init_key, dropout_key = jax.random.split(key)
     params = classifier.init(init_key, cfg)
+    if bag_VxC is not None:
+        if bag_VxC.shape != params["bag"].shape:
+            raise ValueError(f"bag table {bag_VxC.shape}, model {params['bag'].shape}")
+        params["bag"] = jnp.asarray(bag_VxC, jnp.float32)
     state = {
         "params": params,
         "opt_state": tx.init(params),

@@ -24,6 +24,7 @@ from jax.experimental import multihost_utils
 from ml_collections import config_flags
 
 from experiments import (
+    bag_prior,
     baseline,
     checkpoints,
     cli,
@@ -47,6 +48,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     config = defaults.resolve(config)
     d, t, o = config.data, config.train, config.optim
     optimization.check_optim(o)
+    if o.bag_init == "naive_bayes" and not config.model.bag_buckets:
+        raise UserError("optim.bag_init=naive_bayes needs a bag: set model.bag_buckets > 0")
     workdirs.check_writable(workdir)
     dp = devices.data_parallel(d)
     primary = distributed.is_primary()
@@ -56,7 +59,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     per_epoch = batching.steps_per_epoch(len(train.ids), d.batch_size)
     total_steps = t.max_steps or t.num_epochs * per_epoch
     tx = optimization.make_optimizer(o, total_steps)
-    state = optimization.init_state(jax.random.PRNGKey(t.seed), cfg, tx, ema=o.ema_decay > 0)
+    bag_VxC = bag_prior.naive_bayes(cfg, train, d) if o.bag_init == "naive_bayes" else None
+    state = optimization.init_state(
+        jax.random.PRNGKey(t.seed), cfg, tx, ema=o.ema_decay > 0, bag_VxC=bag_VxC
+    )
     meta = checkpoints.new_meta(cfg, data.label_names, ema=o.ema_decay > 0)
     train_step = jax.jit(
         functools.partial(optimization.train_step, cfg=cfg, tx=tx, **optimization.loss_options(o))

@@ -127,3 +127,36 @@ def test_a_checkpoint_from_before_the_bag_fields_still_resumes():
         ModelConfig(vocab_size=30, bag_buckets=8), ("neg", "pos"), ema=False
     )
     assert checkpoints._run_fields(old) != checkpoints._run_fields(other)
+
+
+def _count_reference(ids_NxBxL, real_BxL, labels_B, weight_B, buckets, classes) -> np.ndarray:
+    """Per row of weight 1: each distinct id of each order at real positions adds one document."""
+    out = np.zeros((buckets, classes))
+    for n in range(ids_NxBxL.shape[0]):
+        for b in range(ids_NxBxL.shape[1]):
+            if weight_B[b]:
+                for i in {int(i) for i, r in zip(ids_NxBxL[n, b], real_BxL[b], strict=True) if r}:
+                    out[i, labels_B[b]] += 1
+    return out
+
+
+def test_document_counts_match_the_reference():
+    _, ids, real = _inputs()
+    labels, weight = np.array([0, 2, 1, 0, 2]), np.array([1.0, 1.0, 1.0, 1.0, 0.0])
+    got = jax.jit(bag.document_counts, static_argnames=("buckets", "num_classes"))(
+        ids, real, labels, weight, buckets=7, num_classes=3
+    )
+    want = _count_reference(ids, real, labels, weight, 7, 3)
+    np.testing.assert_array_equal(got, want)
+    assert want[:, 2].sum() > 0  # row 1 (class 2) counts; row 4 (class 2, weight 0) does not
+    assert want.sum() > 0
+
+
+def test_naive_bayes_table_is_the_centred_log_count_ratio():
+    counts = np.array([[9.0, 1.0], [2.0, 2.0], [0.0, 0.0], [0.0, 5.0]])
+    got = np.asarray(bag.naive_bayes_table(counts, alpha=1.0))
+    p = (counts + 1) / (counts + 1).sum(0)
+    r = np.log(p[:, 1] / p[:, 0])  # Wang & Manning's log-count ratio, positive = class 1
+    np.testing.assert_allclose(got[[0, 1, 3]], np.stack([-r, r], 1)[[0, 1, 3]] / 2, rtol=1e-6)
+    assert got[0, 0] > got[0, 1] and got[3, 1] > got[3, 0]
+    np.testing.assert_array_equal(got[2], [0.0, 0.0])  # never seen: no vote either way

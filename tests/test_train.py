@@ -15,9 +15,10 @@ from conftest import (
     tree_hash,
 )
 
+from attn import classifier
 from experiments import evaluate, predict, train, visualize, workdirs
 from experiments.cli import UserError
-from experiments.data import batching, tokenizers
+from experiments.data import batching, encoding, tokenizers
 
 EVAL_KEYS = {"accuracy", "macro_f1", "loss", "confusion", "num_examples"}
 
@@ -184,3 +185,42 @@ def test_weight_average_is_what_evaluate_and_predict_use(tfds_dir, tmp_path):
     result = evaluate.evaluate_workdir(workdir, "validation")
     best = max(r["accuracy"] for r in metric_rows(workdir) if r["split"] == "validation")
     assert result["accuracy"] == pytest.approx(best, abs=1e-6)
+
+
+def _naive_bayes_reference(workdir: str, cfg) -> np.ndarray:
+    """The table from the training texts one at a time: distinct bag ids per text, per class."""
+    data = encoding.load(
+        workdirs.read_config(os.path.join(workdir, "config.json")).data,
+        ("train",),
+        add_cls=False,
+        workdir=workdir,
+    ).splits["train"]
+    counts = np.zeros((cfg.bag_buckets, cfg.num_classes))
+    for ids, label in zip(data.ids, data.labels, strict=True):
+        for order_ids in np.asarray(classifier.bag_ids(np.asarray(ids)[None], cfg)):
+            counts[np.unique(order_ids), label] += 1  # once per text and n-gram order
+    p = (counts + 1) / (counts + 1).sum(0)
+    table = np.log(p) - np.log(p).mean(1, keepdims=True)
+    return np.where(counts.sum(1, keepdims=True) > 0, table, 0.0)
+
+
+def test_the_bag_can_start_from_naive_bayes_counts_of_the_training_split(tfds_dir, tmp_path):
+    workdir = str(tmp_path / "nb")
+    # A learning rate of 1e-9: the checkpoint after one step holds the start within 1e-8.
+    config = tiny_config(
+        tfds_dir,
+        model__bag_buckets=512,
+        optim__bag_init="naive_bayes",
+        optim__learning_rate=1e-9,
+        train__max_steps=1,
+    )
+    train.train_and_evaluate(config, workdir)
+    loaded = workdirs.load(workdir)
+    start = np.asarray(saved_state(workdir, 1)["params"]["bag"])
+    np.testing.assert_allclose(start, _naive_bayes_reference(workdir, loaded.cfg), atol=1e-5)
+    assert np.abs(start).max() > 0.1
+    refused = str(tmp_path / "refused")
+    with pytest.raises(UserError, match="optim.bag_init=naive_bayes needs a bag"):
+        train.train_and_evaluate(tiny_config(tfds_dir, optim__bag_init="naive_bayes"), refused)
+    with pytest.raises(UserError, match="optim.bag_init must be one of"):
+        train.train_and_evaluate(tiny_config(tfds_dir, optim__bag_init="nb"), refused)

@@ -1,0 +1,41 @@
+"""The bag's starting table from the training split: naive Bayes log-count ratios.
+
+Counted on the ids the model sees (the cut texts, hashed as `attn.classifier.bag_ids` hashes
+them), one evaluation-size batch at a time, so no [N, V] matrix is ever built.
+"""
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from attn import bag, classifier
+from experiments.data import batching, encoding
+from experiments.data.tokenizers import PAD
+
+
+def naive_bayes(cfg: classifier.ModelConfig, train: encoding.Split, data: Any) -> jax.Array:
+    """The table [bag_buckets, num_classes] float32 of `attn.bag.naive_bayes_table` for `train`."""
+    counts_VxC = jnp.zeros((cfg.bag_buckets, cfg.num_classes), jnp.float32)
+    for _, b in batching.eval_batches(
+        train.ids,
+        train.labels,
+        batch_size=data.eval_batch_size,
+        buckets=data.buckets,
+        max_len=data.max_len,
+    ):
+        counts_VxC = _add_counts(counts_VxC, b["tokens"], b["label"], b["weight"], cfg=cfg)
+    return bag.naive_bayes_table(counts_VxC)
+
+
+@functools.partial(jax.jit, static_argnames="cfg", donate_argnums=0)
+def _add_counts(counts_VxC, tokens_BxL, labels_B, weight_B, *, cfg: classifier.ModelConfig):
+    return counts_VxC + bag.document_counts(
+        classifier.bag_ids(tokens_BxL, cfg),
+        tokens_BxL != PAD,
+        labels_B,
+        weight_B,
+        buckets=cfg.bag_buckets,
+        num_classes=cfg.num_classes,
+    )
