@@ -16,7 +16,8 @@ about 40,000 examples seen), printed when the run starts and recorded in the wor
 config.json. Any of them can still be set, e.g.
 `--config.data.tokenizer=char --config.data.max_len=128`.
 
-Variants: (none) = the default config's model; `tiny` for tests.
+Variants: (none) = the default config's model plus a linear model on the bag of 1-2-grams whose
+table starts from naive Bayes log-count ratios of the training split; `tiny` for tests.
 """
 
 import ml_collections
@@ -42,6 +43,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             # class (49.8%) from step 200 to 500, where it was stopped.
             config.model.bag_buckets = 1 << 20
             config.model.bag_orders = (1, 2)
+            # The bag starts from naive Bayes log-count ratios of the training split (NBSVM's
+            # features) instead of zeros. Best validation, seed 0: 77.20% -> 79.93% on those
+            # sentences, 90.26% -> 90.98% on IMDB.
+            config.optim.bag_init = "naive_bayes"
             # English words are many: on IMDB the 8,000 most frequent cover 94.8% of the tokens,
             # 30,000 cover 99.0% (seed 0, best validation 89.74% -> 90.14%). The embedded Chinese
             # reviews have 3,726 characters seen twice or more, so the cap changes nothing there.
