@@ -62,6 +62,8 @@ MEANINGS = {
     "optim.clip_norm": "global gradient-norm clip",
     "optim.label_smoothing": "label smoothing of the cross-entropy",
     "optim.adversarial_eps": "norm of the adversarial embedding perturbation; 0 = off",
+    "optim.adversarial_relative": "adversarial_eps is a fraction of each example's embedding "
+    "norm (False: an absolute norm)",
     "optim.ema_decay": "running average of the weights to evaluate and serve; 0 = off",
     "optim.penalty_weight": "weight of structured pooling's ||AA^T - I||^2 penalty",
     "optim.bag_init": "the bag's starting table: zeros, or naive_bayes (log-count ratios of the "
@@ -130,6 +132,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Adds the loss at embeddings perturbed along the gradient (Miyato et al. 2017): +1.1 pt mean
     # validation over 2 seeds; eps 1 < 1.5 < 2, and 3 or 5 stall at the majority class.
     config.optim.adversarial_eps = 2.0
+    config.optim.adversarial_relative = False
     config.optim.ema_decay = 0.0  # > 0 evaluates and serves a running average of the weights
     config.optim.penalty_weight = 0.1  # structured pooling's ||AA^T - I||^2 coefficient
     config.optim.bag_init = "zeros"  # the bag's starting table, when model.bag_buckets > 0

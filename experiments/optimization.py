@@ -83,6 +83,7 @@ def loss_options(optim: ml_collections.ConfigDict) -> dict:
         "penalty_weight": optim.penalty_weight,
         "ema_decay": optim.ema_decay,
         "adversarial_eps": optim.adversarial_eps,
+        "adversarial_relative": optim.adversarial_relative,
     }
 
 
@@ -158,11 +159,21 @@ def loss_and_metrics(
     )
 
 
-def _adversarial_delta(g_BxLxD: jax.Array, eps: float) -> jax.Array:
-    """eps times each example's embedding gradient scaled to unit L2 norm over [L, D]: the
-    first-order worst case perturbation of that size (Miyato et al. 2017)."""
-    norm_B = jnp.sqrt(jnp.sum(jnp.square(g_BxLxD), axis=(1, 2), keepdims=True))
-    return jax.lax.stop_gradient(eps * g_BxLxD / (norm_B + 1e-12))
+def _adversarial_delta(
+    g_BxLxD: jax.Array, eps: float, scale_B: jax.Array | None = None
+) -> jax.Array:
+    """eps (times scale_B, if given) times each example's embedding gradient scaled to unit L2
+    norm over [L, D]: the first-order worst case perturbation of that size (Miyato et al. 2017)."""
+    norm_B = jnp.sqrt(jnp.sum(jnp.square(g_BxLxD), axis=(1, 2)))
+    size_B = eps if scale_B is None else eps * scale_B
+    return jax.lax.stop_gradient(g_BxLxD * (size_B / (norm_B + 1e-12))[:, None, None])
+
+
+def _embedding_norm(params: Any, tokens_BxL: jax.Array, cfg: classifier.ModelConfig) -> jax.Array:
+    """[B] L2 norm of each example's input embeddings over its real tokens and all D."""
+    x_BxLxD = classifier.embed(params, tokens_BxL, cfg)
+    real_BxL = tokens_BxL != classifier.PAD
+    return jnp.sqrt(jnp.sum(jnp.square(x_BxLxD) * real_BxL[..., None], axis=(1, 2)))
 
 
 def train_step(
@@ -175,11 +186,14 @@ def train_step(
     penalty_weight: float,
     ema_decay: float = 0.0,
     adversarial_eps: float = 0.0,
+    adversarial_relative: bool = False,
 ) -> tuple[dict, dict]:
     """One optimizer step; a non-finite gradient leaves params unchanged and is counted.
 
     With an "ema" entry in state, it also moves the average towards the new params by ema_decay.
-    With adversarial_eps > 0 the loss gains the loss at adversarially perturbed embeddings.
+    With adversarial_eps > 0 the loss gains the loss at adversarially perturbed embeddings; the
+    perturbation's L2 norm is adversarial_eps, or with adversarial_relative that fraction of the
+    example's own embedding norm, so one value holds across embedding scales and text lengths.
     """
     rng = jax.random.fold_in(state["rng"], state["step"])
 
@@ -200,7 +214,10 @@ def train_step(
         grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
         zero_BxLxD = jnp.zeros((*batch["tokens"].shape, cfg.d_model), jnp.float32)
         (loss, metrics), (grads, g_BxLxD) = grad_fn(state["params"], zero_BxLxD)
-        delta_BxLxD = _adversarial_delta(g_BxLxD, adversarial_eps)
+        scale_B = (
+            _embedding_norm(state["params"], batch["tokens"], cfg) if adversarial_relative else None
+        )
+        delta_BxLxD = _adversarial_delta(g_BxLxD, adversarial_eps, scale_B)
         _, (adv_grads, _) = grad_fn(state["params"], delta_BxLxD)
         grads = jax.tree.map(jnp.add, grads, adv_grads)
     else:

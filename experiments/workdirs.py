@@ -49,7 +49,11 @@ _TOKENIZER_FIELDS = {
 # Fields added after workdirs were first written -> the value runs from before them used: a saved
 # config.json without one is read with it, so resuming such a run with a config that sets another
 # value is refused like any other change.
-_ADDED_LATER = {"data.tail_len": 0, "optim.bag_init": "zeros"}
+_ADDED_LATER = {
+    "data.tail_len": 0,
+    "optim.bag_init": "zeros",
+    "optim.adversarial_relative": False,
+}
 # Shapes only: init runs under jax.eval_shape. Not a key made at import, which would start JAX's
 # backend before a process of several can join the others.
 _KEY = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)

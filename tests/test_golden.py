@@ -38,6 +38,7 @@ OPTIM = ml_collections.ConfigDict(
         "clip_norm": 1.0,
         "label_smoothing": 0.0,
         "adversarial_eps": 2.0,
+        "adversarial_relative": False,
         "ema_decay": 0.0,
         "penalty_weight": 0.1,
     }

@@ -8,6 +8,7 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from attn import classifier
@@ -62,6 +63,44 @@ def test_adversarial_delta_raises_the_loss_more_than_a_random_one():
     assert loss(adversarial) > loss(random) and loss(adversarial) > loss(zero)
     # Padding gets no gradient, so no perturbation.
     assert float(jnp.abs(adversarial[0, 4:]).max()) == 0.0
+
+
+def test_embedding_norm_counts_real_tokens_of_each_example():
+    params = classifier.init(jax.random.PRNGKey(3), CFG)
+    tokens = np.asarray(BATCH["tokens"])
+    table, pos = np.asarray(params["embed"]["tokens"]), np.asarray(params["embed"]["positions"])
+    expected = [
+        np.sqrt(sum(np.sum((table[t] + pos[i]) ** 2) for i, t in enumerate(row) if t != 0))
+        for row in tokens
+    ]
+    got = optimization._embedding_norm(params, BATCH["tokens"], CFG)
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+def test_adversarial_delta_scales_each_example_by_its_own_factor():
+    g = jax.random.normal(jax.random.PRNGKey(4), (2, 5, 4))
+    delta = optimization._adversarial_delta(g, 0.5, jnp.array([3.0, 10.0]))
+    np.testing.assert_allclose(jnp.sqrt((delta**2).sum(axis=(1, 2))), [1.5, 5.0], rtol=1e-5)
+
+
+def test_a_relative_eps_is_that_fraction_of_the_example_embedding_norm():
+    # One example: relative eps r must give the very step of absolute eps r * ||x||.
+    batch = {k: v[1:] for k, v in BATCH.items()}
+    tx = optax.apply_if_finite(optax.sgd(0.1), 10)  # train_step reports its skip counts
+    state = optimization.init_state(jax.random.PRNGKey(5), CFG, tx)
+    norm = float(optimization._embedding_norm(state["params"], batch["tokens"], CFG)[0])
+    kw = dict(cfg=CFG, tx=tx, label_smoothing=0.0, penalty_weight=0.0)
+    rel, _ = optimization.train_step(
+        state, batch, adversarial_eps=0.3, adversarial_relative=True, **kw
+    )
+    ab, _ = optimization.train_step(state, batch, adversarial_eps=0.3 * norm, **kw)
+    small, _ = optimization.train_step(state, batch, adversarial_eps=0.3, **kw)
+    leaves = lambda s: jax.tree.leaves(s["params"])
+    for a, b in zip(leaves(rel), leaves(ab), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert any(
+        not np.allclose(a, b, atol=1e-6) for a, b in zip(leaves(rel), leaves(small), strict=True)
+    )
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import jax
 import numpy as np
@@ -155,16 +156,28 @@ def test_resume_may_change_only_how_long_and_how_often(trained_copy, tfds_dir):
             workdirs.check_same_run(tiny_config(tfds_dir, **{field: value}), trained_copy)
 
 
-def test_resume_reads_a_field_the_workdir_predates_as_its_old_value(trained_copy, tfds_dir):
-    """A workdir written before data.tail_len existed cut texts at the start only (tail_len 0):
-    resuming it with a config that keeps the tail would silently change the run."""
+@pytest.mark.parametrize(
+    "field, old, new",
+    [
+        ("data.tail_len", 0, 5),
+        ("optim.bag_init", "zeros", "naive_bayes"),
+        ("optim.adversarial_relative", False, True),
+    ],
+)
+def test_resume_reads_a_field_the_workdir_predates_as_its_old_value(
+    trained_copy, tfds_dir, field, old, new
+):
+    """A workdir written before a field existed ran as its old value (e.g. texts cut at the
+    start only, tail_len 0): resuming it with a config that differs would silently change it."""
     config_path = os.path.join(trained_copy, "config.json")
     saved = workdirs.read_json(config_path)
-    del saved["data"]["tail_len"]
+    section, name = field.split(".")
+    del saved[section][name]
     workdirs.write_json(config_path, saved)
-    workdirs.check_same_run(tiny_config(tfds_dir, data__tail_len=0), trained_copy)
-    with pytest.raises(UserError, match="data.tail_len: workdir 0 vs config 5"):
-        workdirs.check_same_run(tiny_config(tfds_dir, data__tail_len=5), trained_copy)
+    override = f"{section}__{name}"
+    workdirs.check_same_run(tiny_config(tfds_dir, **{override: old}), trained_copy)
+    with pytest.raises(UserError, match=re.escape(f"{field}: workdir {old!r} vs config {new!r}")):
+        workdirs.check_same_run(tiny_config(tfds_dir, **{override: new}), trained_copy)
 
 
 @pytest.mark.slow
