@@ -59,10 +59,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     per_epoch = batching.steps_per_epoch(len(train.ids), d.batch_size)
     total_steps = t.max_steps or t.num_epochs * per_epoch
     tx = optimization.make_optimizer(o, total_steps)
-    bag_VxC = bag_prior.naive_bayes(cfg, train, d) if o.bag_init == "naive_bayes" else None
-    state = optimization.init_state(
-        jax.random.PRNGKey(t.seed), cfg, tx, ema=o.ema_decay > 0, bag_VxC=bag_VxC
-    )
     meta = checkpoints.new_meta(cfg, data.label_names, ema=o.ema_decay > 0)
     train_step = jax.jit(
         functools.partial(optimization.train_step, cfg=cfg, tx=tx, **optimization.loss_options(o))
@@ -74,6 +70,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         checkpoints.writer(workdir, LAST, t.keep_checkpoints) as last,
         checkpoints.writer(workdir, BEST, 1) as best,
     ):
+        # A resumed run overwrites the starting table: count it only for a fresh start.
+        fresh = last.latest_step() is None
+        bag_VxC = (
+            bag_prior.naive_bayes(cfg, train, d) if o.bag_init == "naive_bayes" and fresh else None
+        )
+        state = optimization.init_state(
+            jax.random.PRNGKey(t.seed), cfg, tx, ema=o.ema_decay > 0, bag_VxC=bag_VxC
+        )
         state, meta = checkpoints.resume(last, devices.replicate(state, dp), meta, workdir)
         start = int(state["step"])
         workdirs.check_same_run(config, workdir)

@@ -217,7 +217,9 @@ def _naive_bayes_reference(workdir: str, cfg) -> np.ndarray:
     return np.where(counts.sum(1, keepdims=True) > 0, table, 0.0)
 
 
-def test_the_bag_can_start_from_naive_bayes_counts_of_the_training_split(tfds_dir, tmp_path):
+def test_the_bag_can_start_from_naive_bayes_counts_of_the_training_split(
+    tfds_dir, tmp_path, monkeypatch
+):
     workdir = str(tmp_path / "nb")
     # A learning rate of 1e-9: the checkpoint after one step holds the start within 1e-8.
     config = tiny_config(
@@ -232,6 +234,13 @@ def test_the_bag_can_start_from_naive_bayes_counts_of_the_training_split(tfds_di
     start = np.asarray(saved_state(workdir, 1)["params"]["bag"])
     np.testing.assert_allclose(start, _naive_bayes_reference(workdir, loaded.cfg), atol=1e-5)
     assert np.abs(start).max() > 0.1
+    # Resuming restores the table from the checkpoint; counting again would be wasted work.
+    monkeypatch.setattr(train.bag_prior, "naive_bayes", lambda *a: pytest.fail("recounted"))
+    with config.unlocked():
+        config.train.max_steps = 2
+    train.train_and_evaluate(config, workdir)
+    assert int(saved_state(workdir, 2)["step"]) == 2
+    monkeypatch.undo()
     refused = str(tmp_path / "refused")
     with pytest.raises(UserError, match="optim.bag_init=naive_bayes needs a bag"):
         train.train_and_evaluate(tiny_config(tfds_dir, optim__bag_init="naive_bayes"), refused)
