@@ -313,10 +313,13 @@ def apply(
     train: bool = False,
     rng: jax.Array | None = None,
     embed_delta_BxLxD: jax.Array | None = None,
+    bag_tokens_BxM: jax.Array | None = None,
 ) -> tuple[jax.Array, dict]:
     """Classify int token ids [B, L] (0 = PAD) -> (logits [B, C] float32, aux).
 
     embed_delta_BxLxD, if given, is added to the input embeddings (adversarial training).
+    bag_tokens_BxM, if given, is what the bag reads instead of tokens_BxL: more of each text
+    (M >= L), since the bag costs little per token and attention much.
 
     aux = {"attention": tuple of per-layer [B, H, L, L] float32, or None when the implementation
     does not materialise weights ("chunked", "xla"); "pool_weights": [B, r, L] or None;
@@ -339,11 +342,16 @@ def apply(
     pooled_BxP = layers.dropout(pooled_BxP, cfg.dropout, train=train, rng=r_pool)
     logits_BxC = layers.dense(params["head"], pooled_BxP.astype(jnp.float32))
     if cfg.bag_buckets:
-        ids_NxBxL = bag_ids(tokens_BxL, cfg)
+        read_BxM = tokens_BxL if bag_tokens_BxM is None else bag_tokens_BxM
         # fold_in rather than a third split: configs without the bag keep their random streams.
         r_bag = jax.random.fold_in(rng, 1) if train else None
         logits_BxC = logits_BxC + bag.logits(
-            params["bag"], ids_NxBxL, mask_BxL, dropout=cfg.bag_dropout, train=train, rng=r_bag
+            params["bag"],
+            bag_ids(read_BxM, cfg),
+            read_BxM != PAD,
+            dropout=cfg.bag_dropout,
+            train=train,
+            rng=r_bag,
         )
 
     nonempty_B = mask_BxL.any(-1).astype(jnp.float32)

@@ -8,12 +8,12 @@ Splits are 80/10/10 by a stable hash of each text; label names come from the dat
 missing field, empty text or undecodable bytes are reported with their line numbers, and the run
 stops when more than config.data.max_bad_fraction of them are bad.
 
-The tokenizer, the length, how much of a longer text's end is kept, the number of epochs, warmup
-and the evaluation and checkpoint intervals are chosen from the training split
-(`experiments/defaults.py`: characters for Chinese or Japanese, words otherwise; the
-95th-percentile length, of which a cut text keeps the first quarter and the last three quarters;
-about 40,000 examples seen), printed when the run starts and recorded in the workdir's
-config.json. Any of them can still be set, e.g.
+The tokenizer, the length, how much of a longer text's end is kept, how much of each text the bag
+reads, the number of epochs, warmup and the evaluation and checkpoint intervals are chosen from
+the training split (`experiments/defaults.py`: characters for Chinese or Japanese, words
+otherwise; the 95th-percentile length, of which a cut text keeps the first quarter and the last
+three quarters; the bag up to the 99th percentile; about 40,000 examples seen), printed when the
+run starts and recorded in the workdir's config.json. Any of them can still be set, e.g.
 `--config.data.tokenizer=char --config.data.max_len=128`.
 
 Variants: (none) = the default config's model plus a linear model on the bag of 1-2-grams whose
@@ -36,6 +36,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             config.data.tokenizer = "auto"
             config.data.max_len = 0  # 0 = chosen from the data, as the fields below
             config.data.tail_len = -1
+            config.data.bag_len = -1
             config.train.num_epochs = 0
             config.optim.warmup_steps = -1
             config.train.eval_every_steps = 0

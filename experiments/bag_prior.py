@@ -1,7 +1,8 @@
 """The bag's starting table from the training split: naive Bayes log-count ratios.
 
-Counted on the ids the model sees (the cut texts, hashed as `attn.classifier.bag_ids` hashes
-them), one evaluation-size batch at a time, so no [N, V] matrix is ever built.
+Counted on the ids the bag reads (the cut texts, or the longer cut of `data.bag_len`; hashed as
+`attn.classifier.bag_ids` hashes them), one evaluation-size batch at a time, so no [N, V] matrix
+is ever built.
 """
 
 import functools
@@ -24,8 +25,11 @@ def naive_bayes(cfg: classifier.ModelConfig, train: encoding.Split, data: Any) -
         batch_size=data.eval_batch_size,
         buckets=data.buckets,
         max_len=data.max_len,
+        bag_ids=train.bag_ids,
+        bag_len=data.bag_len,
     ):
-        counts_VxC = _add_counts(counts_VxC, b["tokens"], b["label"], b["weight"], cfg=cfg)
+        read_BxM = b.get("bag_tokens", b["tokens"])
+        counts_VxC = _add_counts(counts_VxC, read_BxM, b["label"], b["weight"], cfg=cfg)
     return bag.naive_bayes_table(counts_VxC)
 
 

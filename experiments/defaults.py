@@ -11,6 +11,9 @@ in `config.json`; a field set to anything else is kept as given. The rules:
   multiple of 32 and kept in [32, 512]; buckets at 1/4, 1/2, 3/4 and all of it.
 - tail_len: 3/4 of max_len, so a longer text keeps its first quarter and its end, where a review
   often gives its verdict.
+- bag_len (with a bag): the 99th percentile of the lengths, rounded up to max_len times a power of
+  two, at most 8 max_len; 0 (the attention's tokens) when that is max_len. The bag reads a token
+  for a few operations, attention for a row of the L x L scores, so it can read far more.
 - num_epochs: about 40,000 examples seen (3 epochs of the embedded data's 13,875), 2 to 10 epochs.
 - warmup_steps: 7.5% of the steps; eval_every_steps: 1/13 of them; checkpoints twice as far apart.
 """
@@ -33,6 +36,7 @@ _AUTO = {
     "data.tokenizer": "auto",
     "data.max_len": 0,
     "data.tail_len": -1,
+    "data.bag_len": -1,
     "train.num_epochs": 0,
     "optim.warmup_steps": -1,
     "train.eval_every_steps": 0,
@@ -64,15 +68,20 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         share = cjk_share(sample)
         d.tokenizer = "char" if share > 0.3 else "word"
         said.append(f"tokenizer={d.tokenizer} ({share:.0%} of characters CJK)")
-    if "data.max_len" in auto:
+    if auto & {"data.max_len", "data.bag_len"}:
         split = list if d.tokenizer == "char" else tokenizers.split_words
-        p95 = float(np.percentile([len(split(s.strip())) for s in sample], 95))
+        lengths = [len(split(s.strip())) for s in sample]
+    if "data.max_len" in auto:
+        p95 = float(np.percentile(lengths, 95))
         d.max_len = int(min(max(32 * math.ceil(p95 / 32), 32), 512))
         d.buckets = tuple(sorted({max(8, d.max_len * i // 4) for i in (1, 2, 3, 4)}))
         said.append(f"max_len={d.max_len} (95% of texts have <= {p95:.0f} tokens)")
     if "data.tail_len" in auto:
         d.tail_len = 3 * d.max_len // 4
         said.append(f"tail_len={d.tail_len}")
+    if "data.bag_len" in auto:
+        d.bag_len = bag_len(lengths, d.max_len) if out.model.bag_buckets else 0
+        said.append(f"bag_len={d.bag_len}")
     if "train.num_epochs" in auto:
         out.train.num_epochs = int(min(max(round(40_000 / max(len(texts), 1)), 2), 10))
         said.append(f"num_epochs={out.train.num_epochs} ({len(texts):,} training texts)")
@@ -91,6 +100,14 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     print(f"chosen from the data: {', '.join(said)}", file=sys.stderr)
     out.lock()
     return out
+
+
+def bag_len(lengths: list[int], max_len: int) -> int:
+    """The bag_len rule above, for texts of `lengths` tokens."""
+    p99, m = float(np.percentile(lengths, 99)), max_len
+    while m < p99 and m < 8 * max_len:
+        m *= 2
+    return m if m > max_len else 0
 
 
 def cjk_share(texts: list[str]) -> float:

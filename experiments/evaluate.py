@@ -33,7 +33,9 @@ def evaluate_workdir(workdir: str, split: str, which: str = checkpoints.BEST) ->
     s = data.splits[split]
     dp = devices.data_parallel(trained.config.data)
     params = devices.replicate(trained.params, dp)
-    result = forward.evaluate(params, trained.cfg, s.ids, s.labels, data=trained.config.data, dp=dp)
+    result = forward.evaluate(
+        params, trained.cfg, s.ids, s.labels, data=trained.config.data, dp=dp, bag_ids=s.bag_ids
+    )
     result["step"] = trained.step
     result["label_names"] = list(trained.label_names)
     if distributed.is_primary():

@@ -33,11 +33,13 @@ def probabilities(
     *,
     data: Any,
     dp: devices.DataParallel,
+    bag_ids: Sequence[np.ndarray] | None = None,
 ) -> tuple[np.ndarray, float]:
     """Class probabilities [N, C] in example order, and the summed cross-entropy, on every
     process; each process reads only its rows of each batch.
 
-    `data` is config.data (batch size, buckets, max_len); `dp` places a batch on the devices.
+    `data` is config.data (batch size, buckets, max_len, bag_len); `dp` places a batch on the
+    devices; `bag_ids` is the split's `encoding.Split.bag_ids`.
     """
     probs_NxC = np.zeros((len(ids), cfg.num_classes), np.float32)
     loss_sum = 0.0
@@ -48,6 +50,8 @@ def probabilities(
         buckets=tuple(data.buckets),
         max_len=data.max_len,
         rows=dp.rows(data.eval_batch_size),
+        bag_ids=bag_ids,
+        bag_len=data.bag_len,
     ):
         sums, probs_BxC = eval_step(params, dp.put(batch), cfg=cfg)
         probs_NxC[idx] = devices.fetch(probs_BxC)[: len(idx)]
@@ -63,10 +67,11 @@ def evaluate(
     *,
     data: Any,
     dp: devices.DataParallel,
+    bag_ids: Sequence[np.ndarray] | None = None,
 ) -> dict:
     """accuracy, macro_f1, loss, confusion, num_examples and examples_per_sec on one split."""
     start = time.perf_counter()
-    probs_NxC, loss_sum = probabilities(params, cfg, ids, labels, data=data, dp=dp)
+    probs_NxC, loss_sum = probabilities(params, cfg, ids, labels, data=data, dp=dp, bag_ids=bag_ids)
     seconds = time.perf_counter() - start
     confusion = np.zeros((cfg.num_classes, cfg.num_classes), np.int64)
     np.add.at(confusion, (labels, probs_NxC.argmax(-1)), 1)
@@ -81,20 +86,24 @@ def evaluate(
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
-def _forward(params: Any, tokens_BxL: jax.Array, *, cfg: classifier.ModelConfig):
-    logits_BxC, aux = classifier.apply(params, tokens_BxL, cfg)
+def _forward(params: Any, tokens_BxL: jax.Array, bag_tokens_BxM, *, cfg: classifier.ModelConfig):
+    logits_BxC, aux = classifier.apply(params, tokens_BxL, cfg, bag_tokens_BxM=bag_tokens_BxM)
     return jax.nn.softmax(logits_BxC), aux
 
 
-def analyse(params: Any, cfg: classifier.ModelConfig, ids_L: np.ndarray) -> dict:
-    """Probabilities [C], per-layer attention [H, L, L] and the attention each token receives [L].
+def analyse(
+    params: Any, cfg: classifier.ModelConfig, ids_L: np.ndarray, bag_ids_M: np.ndarray | None
+) -> dict:
+    """Probabilities [C], per-layer attention [H, L, L] and the attention each token receives [L]
+    of one text's ids [L] (and what its bag reads [M], if the model's bag reads more of it).
 
     Chunked attention never forms the weights, so maps are computed with the matrix form:
     the same function of the same parameters.
     """
     cfg = dataclasses.replace(cfg, implementation="matrix")
     tokens_1xL = jnp.asarray(ids_L[None, :], jnp.int32)
-    probs_1xC, aux = _forward(params, tokens_1xL, cfg=cfg)
+    bag_1xM = None if bag_ids_M is None else jnp.asarray(bag_ids_M[None, :], jnp.int32)
+    probs_1xC, aux = _forward(params, tokens_1xL, bag_1xM, cfg=cfg)
     attention = [np.asarray(w[0], np.float32) for w in aux["attention"]]
     if aux["pool_weights"] is not None:  # structured pooling: what the classifier reads
         received_L = np.asarray(aux["pool_weights"][0], np.float32).mean(0)

@@ -142,7 +142,13 @@ def loss_and_metrics(
 ):
     """Weighted mean cross-entropy (filler rows weigh 0) plus the pooling penalty."""
     logits_BxC, aux = classifier.apply(
-        params, batch["tokens"], cfg, train=train, rng=rng, embed_delta_BxLxD=embed_delta_BxLxD
+        params,
+        batch["tokens"],
+        cfg,
+        train=train,
+        rng=rng,
+        embed_delta_BxLxD=embed_delta_BxLxD,
+        bag_tokens_BxM=batch.get("bag_tokens"),
     )
     onehot_BxC = jax.nn.one_hot(batch["label"], cfg.num_classes)
     if label_smoothing:

@@ -51,7 +51,7 @@ def predict_one(trained: workdirs.Trained, text: str, top: int) -> dict:
             "known_tokens": 0,
             "note": NO_KNOWN_TOKENS,
         }
-    result = forward.analyse(trained.params, trained.cfg, ids_L)
+    result = forward.analyse(trained.params, trained.cfg, ids_L, workdirs.encode_bag(trained, text))
     probs_C, received_L = result["probs"], result["received"]
     order = np.argsort(-received_L, kind="stable")[:top]
     return {

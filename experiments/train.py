@@ -50,6 +50,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     optimization.check_optim(o)
     if o.bag_init == "naive_bayes" and not config.model.bag_buckets:
         raise UserError("optim.bag_init=naive_bayes needs a bag: set model.bag_buckets > 0")
+    if d.bag_len and not config.model.bag_buckets:
+        raise UserError("data.bag_len > 0 needs a bag: set model.bag_buckets > 0")
     workdirs.check_writable(workdir)
     dp = devices.data_parallel(d)
     primary = distributed.is_primary()
@@ -64,7 +66,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         functools.partial(optimization.train_step, cfg=cfg, tx=tx, **optimization.loss_options(o))
     )
     evaluate = lambda params, split: forward.evaluate(
-        params, cfg, split.ids, split.labels, data=d, dp=dp
+        params, cfg, split.ids, split.labels, data=d, dp=dp, bag_ids=split.bag_ids
     )
     with (
         checkpoints.writer(workdir, LAST, t.keep_checkpoints) as last,
@@ -96,6 +98,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             seed=t.seed,
             start_step=start,
             rows=dp.rows(d.batch_size),
+            bag_ids=train.bag_ids,
             **batching.options(d),
         )
         with progress.Progress(workdir, config, start, total_steps, last.latest_step) as prog:

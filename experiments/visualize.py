@@ -53,10 +53,11 @@ def visualize(
     cfg = trained.cfg
     _check_choice(cfg, layer=layer, head=head, window=window, pad_to=pad_to, max_tokens=max_tokens)
     _check_out(out)
-    encoded = []  # every text is checked before anything is written
+    encoded, bags = [], []  # every text is checked before anything is written
     for n, text in enumerate(texts, 1):
         try:
             encoded.append(workdirs.encode(trained, text))
+            bags.append(workdirs.encode_bag(trained, text))
         except UserError as e:
             raise UserError(f"text {n}: {e}") from None
     drawn = [_window(ids_L, window, pad_to) for ids_L in encoded]
@@ -77,6 +78,7 @@ def visualize(
         names = _draw(
             trained,
             encoded,
+            bags,
             drawn,
             fresh,
             max_tokens=max_tokens,
@@ -142,6 +144,7 @@ def _x_title(cfg: classifier.ModelConfig, layer: int) -> str:
 def _draw(
     trained: workdirs.Trained,
     encoded: list[np.ndarray],
+    bags: list[np.ndarray | None],
     drawn: list[np.ndarray],
     out: str,
     *,
@@ -156,8 +159,8 @@ def _draw(
     names, rows = [], []
     first = None
     x_title = _x_title(cfg, layer)
-    for n, (ids_L, view_L) in enumerate(zip(encoded, drawn, strict=True), 1):
-        result = forward.analyse(trained.params, cfg, ids_L)
+    for n, (ids_L, bag_M, view_L) in enumerate(zip(encoded, bags, drawn, strict=True), 1):
+        result = forward.analyse(trained.params, cfg, ids_L, bag_M)
         tokens = trained.tokenizer.tokens(ids_L.tolist())
         label = trained.label_names[int(result["probs"].argmax())]
         caption = f"text {n}: {label} ({result['probs'].max():.2f})"

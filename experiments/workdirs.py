@@ -51,6 +51,7 @@ _TOKENIZER_FIELDS = {
 # value is refused like any other change.
 _ADDED_LATER = {
     "data.tail_len": 0,
+    "data.bag_len": 0,
     "optim.bag_init": "zeros",
     "optim.adversarial_relative": False,
 }
@@ -216,6 +217,15 @@ def encode(trained: Trained, text: str) -> np.ndarray:
         add_cls=trained.cfg.pooling == "cls",
         tail_len=trained.config.data.tail_len,
     )[0]
+
+
+def encode_bag(trained: Trained, text: str) -> np.ndarray | None:
+    """What the model's bag reads of one user text, when it reads more than `encode` gives."""
+    data = trained.config.data
+    if not data.bag_len:
+        return None
+    raw = [trained.tokenizer.encode(encoding.check_text(text))]
+    return encoding.cut(raw, **encoding.bag_window(data, trained.cfg.pooling == "cls"))[0]
 
 
 def _model_config(meta: dict, where: str) -> classifier.ModelConfig:

@@ -89,6 +89,24 @@ def test_classifier_adds_the_bag_to_its_logits():
     assert touched == set(np.unique(ids[:, 1, :3]).tolist())
 
 
+def test_the_bag_reads_bag_tokens_when_given():
+    """bag_tokens_BxM (more of each text) replaces the tokens in the bag, and only there."""
+    kw = dict(vocab_size=30, d_model=8, num_heads=2, d_ff=16, max_len=16, num_classes=2)
+    cfg = ModelConfig(**kw, bag_buckets=64, bag_orders=(1, 2))
+    tokens = jnp.array([[5, 9, 7, 11, 0, 0], [4, 4, 4, 0, 0, 0]])
+    longer = jnp.array([[5, 9, 20, 21, 22, 7, 11, 0], [4, 4, 4, 0, 0, 0, 0, 0]])
+    params = classifier.init(jax.random.key(0), cfg)
+    params["bag"] = jax.random.normal(jax.random.key(1), (64, 2))
+    plain, _ = classifier.apply(params, tokens, cfg)
+    same, _ = classifier.apply(params, tokens, cfg, bag_tokens_BxM=tokens)
+    np.testing.assert_array_equal(same, plain)
+    got, _ = classifier.apply(params, tokens, cfg, bag_tokens_BxM=longer)
+    bag_of = lambda t: bag.logits(params["bag"], classifier.ngram_buckets(t, (1, 2), 64), t != 0)
+    np.testing.assert_allclose(got - plain, bag_of(longer) - bag_of(tokens), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(got[0], plain[0])  # row 0 reads 3 more tokens
+    np.testing.assert_allclose(got[1], plain[1], rtol=1e-6)  # row 1 fits: the same bag
+
+
 def test_without_the_bag_the_random_streams_are_unchanged():
     """Adding the bag fields must not move any existing config's dropout masks."""
     kw = dict(vocab_size=30, d_model=8, num_heads=2, d_ff=16, max_len=16, dropout=0.5)

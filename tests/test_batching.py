@@ -144,6 +144,51 @@ def test_bucket_sizes():
     assert batching.bucket_sizes((), 50) == (50,)
     with pytest.raises(ValueError, match="buckets"):
         batching.bucket_sizes((0, 8), 16)
+    # The bag's lengths: short batches keep the buckets, longer ones max_len doubled.
+    assert batching.bag_sizes((8, 16, 32, 48), 40, 300) == (8, 16, 32, 40, 48, 80, 160, 300)
+    assert batching.bag_sizes((8, 16), 16, 64) == (8, 16, 32, 64)
+
+
+def test_batches_carry_what_the_bag_reads():
+    """With bag ids (a longer cut of each text), a batch holds them as bag_tokens, padded to the
+    smallest bag size that fits the batch's longest; without, there is no such key."""
+    encoded, labels = _data(n=150)
+    rng = np.random.default_rng(2)
+    bag_ids = [np.concatenate([s, rng.integers(3, 50, rng.integers(0, 200))]) for s in encoded]
+    kw = {"batch_size": 16, "buckets": BUCKETS, "max_len": MAX_LEN}
+    sizes = batching.bag_sizes(BUCKETS, MAX_LEN, 300)
+    lengths = np.array([len(s) for s in encoded])
+    order = batching.epoch_order(lengths, 16, 0, 0)
+    stream = batching.train_stream(encoded, labels, seed=0, bag_ids=bag_ids, bag_len=300, **kw)
+    evals = batching.eval_batches(encoded, labels, bag_ids=bag_ids, bag_len=300, **kw)
+    for idx, batch in [*zip(order, stream, strict=False), *evals]:
+        bag = batch.pop("bag_tokens")
+        _check_batch(idx, batch, encoded, labels, 16)  # the rest is as without the bag
+        longest = max(len(bag_ids[i]) for i in idx)
+        assert bag.dtype == np.int32 and bag.shape[1] == min(m for m in sizes if m >= longest)
+        for row, i in enumerate(idx):
+            np.testing.assert_array_equal(bag[row, : len(bag_ids[i])], bag_ids[i])
+            assert not bag[row, len(bag_ids[i]) :].any()
+        assert not bag[len(idx) :].any()
+    assert "bag_tokens" not in next(batching.train_stream(encoded, labels, seed=0, **kw))
+
+
+@pytest.mark.parametrize("add_cls", [False, True])
+def test_the_bag_window_is_a_longer_cut_with_the_same_share_of_the_end(add_cls):
+    class Data:
+        max_len, tail_len, bag_len = 9, 6, 17
+
+    window = encoding.bag_window(Data, add_cls)
+    assert window["max_len"] == 17 and window["tail_len"] == 6 * (17 - add_cls) // (9 - add_cls)
+    text = "abcdefghijklmnopqrstuvwxyz"
+    ids = encoding.cut([_Chars().encode(text)], **window)[0]
+    short = encoding.encode(_Chars(), [text], max_len=9, add_cls=add_cls, tail_len=6)[0]
+    assert len(ids) == 17 and set(short.tolist()) <= set(ids.tolist())  # it reads more
+    np.testing.assert_array_equal(ids[-6:], short[-6:])  # both end where the text ends
+    np.testing.assert_array_equal(ids[: 9 - 6], short[: 9 - 6])  # and start where it starts
+    Data.bag_len = 8
+    with pytest.raises(UserError, match=r"data.bag_len must be 0 or an integer >= max_len \(9\)"):
+        encoding.bag_window(Data, add_cls)
 
 
 class _Chars:
@@ -207,11 +252,14 @@ def test_prefetch_producer_stops_when_consumer_stops():
     assert threading.active_count() == before
 
 
-def test_rows_of_each_process_make_up_the_whole_batch():
+@pytest.mark.parametrize("with_bag", [False, True])
+def test_rows_of_each_process_make_up_the_whole_batch(with_bag):
     """Several processes each build their rows of a batch; together they are the one batch a
     single process builds, with its bucket length (set by the longest example of all rows)."""
     encoded, labels = _data(n=103)
     kw = {"batch_size": 12, "buckets": BUCKETS, "max_len": MAX_LEN}
+    if with_bag:  # bag_tokens too: each process pads them to the whole batch's bag size
+        kw |= {"bag_ids": [np.concatenate([s, s, s]) for s in encoded], "bag_len": 120}
     parts = [slice(0, 4), slice(4, 8), slice(8, 12)]  # three processes
 
     def train(rows=slice(None)):
@@ -225,6 +273,7 @@ def test_rows_of_each_process_make_up_the_whole_batch():
         wholes, shares = list(make()), [list(make(r)) for r in parts]
         assert all(len(s) == len(wholes) for s in shares)
         for n, whole in enumerate(wholes):
+            assert ("bag_tokens" in whole) == with_bag
             for key in whole:
                 assert all(s[n][key].shape[0] == 4 for s in shares)
                 np.testing.assert_array_equal(

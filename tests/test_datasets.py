@@ -33,6 +33,7 @@ def _cfg(**kw) -> ml_collections.ConfigDict:
         max_vocab=0,
         max_len=64,
         tail_len=0,
+        bag_len=0,
         buckets=(16, 32, 64),
         batch_size=8,
         eval_batch_size=8,

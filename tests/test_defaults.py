@@ -87,6 +87,28 @@ def test_a_run_records_what_was_chosen(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
+    "lengths, want",
+    [
+        ([10] * 99 + [32], 0),  # fits: the bag reads what attention reads
+        ([10] * 98 + [33] * 2, 64),
+        ([10] * 98 + [100] * 2, 128),
+        ([10] * 98 + [10_000] * 2, 256),  # at most 8 max_len
+    ],
+)
+def test_the_bag_reads_up_to_the_99th_percentile(lengths, want):
+    assert defaults.bag_len(lengths, 32) == want
+
+
+def test_the_bag_length_is_chosen_only_with_a_bag(tmp_path):
+    long = "the film " * 25 + "{} {} {}"
+    path = _write(tmp_path / "en.csv", 200, long)
+    with_bag = defaults.resolve(_config(path, data__max_len=32))
+    assert with_bag.data.bag_len == 64  # 55-57 words, max_len 32 set by hand
+    without = defaults.resolve(_config(path, data__max_len=32, model__bag_buckets=0))
+    assert without.data.bag_len == 0
+
+
+@pytest.mark.parametrize(
     "texts, share",
     [(["abc def"], 0.0), (["这本书"], 1.0), (["好 ok"], 1 / 3), ([""], 0.0)],
 )

@@ -17,7 +17,7 @@ from conftest import (
 )
 
 from attn import classifier
-from experiments import evaluate, predict, train, visualize, workdirs
+from experiments import devices, evaluate, forward, predict, train, visualize, workdirs
 from experiments.cli import UserError
 from experiments.data import batching, encoding, tokenizers
 
@@ -162,6 +162,7 @@ def test_resume_may_change_only_how_long_and_how_often(trained_copy, tfds_dir):
         ("data.tail_len", 0, 5),
         ("optim.bag_init", "zeros", "naive_bayes"),
         ("optim.adversarial_relative", False, True),
+        ("data.bag_len", 0, 128),
     ],
 )
 def test_resume_reads_a_field_the_workdir_predates_as_its_old_value(
@@ -209,7 +210,8 @@ def _naive_bayes_reference(workdir: str, cfg) -> np.ndarray:
         workdir=workdir,
     ).splits["train"]
     counts = np.zeros((cfg.bag_buckets, cfg.num_classes))
-    for ids, label in zip(data.ids, data.labels, strict=True):
+    read = data.ids if data.bag_ids is None else data.bag_ids
+    for ids, label in zip(read, data.labels, strict=True):
         for order_ids in np.asarray(classifier.bag_ids(np.asarray(ids)[None], cfg)):
             counts[np.unique(order_ids), label] += 1  # once per text and n-gram order
     p = (counts + 1) / (counts + 1).sum(0)
@@ -217,8 +219,9 @@ def _naive_bayes_reference(workdir: str, cfg) -> np.ndarray:
     return np.where(counts.sum(1, keepdims=True) > 0, table, 0.0)
 
 
+@pytest.mark.parametrize("bag_len", [0, 128])
 def test_the_bag_can_start_from_naive_bayes_counts_of_the_training_split(
-    tfds_dir, tmp_path, monkeypatch
+    tfds_dir, tmp_path, monkeypatch, bag_len
 ):
     workdir = str(tmp_path / "nb")
     # A learning rate of 1e-9: the checkpoint after one step holds the start within 1e-8.
@@ -228,6 +231,7 @@ def test_the_bag_can_start_from_naive_bayes_counts_of_the_training_split(
         optim__bag_init="naive_bayes",
         optim__learning_rate=1e-9,
         train__max_steps=1,
+        data__bag_len=bag_len,  # 128: the counts include characters beyond max_len (64)
     )
     train.train_and_evaluate(config, workdir)
     loaded = workdirs.load(workdir)
@@ -246,3 +250,34 @@ def test_the_bag_can_start_from_naive_bayes_counts_of_the_training_split(
         train.train_and_evaluate(tiny_config(tfds_dir, optim__bag_init="naive_bayes"), refused)
     with pytest.raises(UserError, match="optim.bag_init must be one of"):
         train.train_and_evaluate(tiny_config(tfds_dir, optim__bag_init="nb"), refused)
+    with pytest.raises(UserError, match="data.bag_len > 0 needs a bag"):
+        train.train_and_evaluate(tiny_config(tfds_dir, data__bag_len=128), refused)
+    with pytest.raises(UserError, match=r"data.bag_len must be 0 or an integer >= max_len \(64\)"):
+        train.train_and_evaluate(
+            tiny_config(tfds_dir, model__bag_buckets=64, data__bag_len=32), refused
+        )
+
+
+def test_a_bag_that_reads_more_is_read_alike_by_training_evaluate_and_predict(tfds_dir, tmp_path):
+    workdir = str(tmp_path / "longbag")
+    config = tiny_config(
+        tfds_dir, model__bag_buckets=512, optim__bag_init="naive_bayes", data__bag_len=256
+    )
+    train.train_and_evaluate(config, workdir)
+    best = max(r["accuracy"] for r in metric_rows(workdir) if r["split"] == "validation")
+    assert evaluate.evaluate_workdir(workdir, "validation")["accuracy"] == pytest.approx(best)
+    loaded = workdirs.load(workdir)
+    d = loaded.config.data
+    split = encoding.load(d, ("validation",), add_cls=False, tokenizer=loaded.tokenizer)
+    s = split.splits["validation"]
+    longer = [i for i in range(len(s.ids)) if len(s.bag_ids[i]) > len(s.ids[i])][:3]
+    assert len(longer) == 3  # texts of more than max_len (64) characters
+    dp = devices.data_parallel(d)
+    probs_NxC, _ = forward.probabilities(
+        loaded.params, loaded.cfg, s.ids, s.labels, data=d, dp=dp, bag_ids=s.bag_ids
+    )
+    for i in longer:
+        got = predict.predict_one(loaded, s.texts[i], top=1)
+        assert got["probability"] == pytest.approx(float(probs_NxC[i].max()), abs=1e-5)
+        cut_only = forward.analyse(loaded.params, loaded.cfg, s.ids[i], None)["probs"]
+        assert not np.allclose(cut_only, probs_NxC[i], atol=1e-4)  # the rest of the text counts

@@ -109,7 +109,7 @@ def test_drawn_steps_recombine_and_are_the_model_attention(drawn, trained):
         np.testing.assert_allclose(h.weights_LxL, w_LxL, atol=1e-6)
         np.testing.assert_allclose(h.out_LxK, out_LxK, atol=1e-6)
         # ... and the model's forward pass on the same ids has the same attention map.
-        model_w_LxL = forward.analyse(loaded.params, cfg, ids_L)["attention"][0][1]
+        model_w_LxL = forward.analyse(loaded.params, cfg, ids_L, None)["attention"][0][1]
         np.testing.assert_allclose(h.weights_LxL, model_w_LxL, atol=1e-6)
     assert drawn["figures"][0][0].tokens[-2:] == ["<pad>", "<pad>"]
     assert len(drawn["figures"][1][0].tokens) == WINDOW

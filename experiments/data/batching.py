@@ -1,9 +1,11 @@
 """Token id sequences -> fixed-shape numpy batches, padded to length buckets; a prefetch thread.
 
 A batch: {"tokens": int32 [B, L], "mask": bool [B, L] (tokens != PAD), "label": int32 [B],
-"weight": float32 [B] (1 real, 0 filler)}. B is always the batch size (a short last batch is filled
-with weight-0 rows, so shapes stay few and evaluation counts every example exactly once); L is the
-smallest bucket >= the longest sequence in the batch, so jit compiles one program per bucket.
+"weight": float32 [B] (1 real, 0 filler)}, plus "bag_tokens": int32 [B, M] when the bag reads more
+of each text than attention does (config.data.bag_len). B is always the batch size (a short last
+batch is filled with weight-0 rows, so shapes stay few and evaluation counts every example exactly
+once); L is the smallest bucket >= the longest sequence in the batch, so jit compiles one program
+per bucket (M likewise, from the buckets and max_len times powers of two up to bag_len).
 
 Training order: batch n of the stream is batch n mod E of epoch n // E (E batches per epoch). An
 epoch's order for (seed, epoch): shuffle with default_rng([seed, epoch]), sort by length within
@@ -31,7 +33,12 @@ SORT_CHUNK_BATCHES = 50
 
 def options(data: Any) -> dict:
     """The batching keyword arguments that config.data sets for training."""
-    return {"batch_size": data.batch_size, "buckets": tuple(data.buckets), "max_len": data.max_len}
+    return {
+        "batch_size": data.batch_size,
+        "buckets": tuple(data.buckets),
+        "max_len": data.max_len,
+        "bag_len": data.bag_len,
+    }
 
 
 def steps_per_epoch(num_examples: int, batch_size: int) -> int:
@@ -43,6 +50,17 @@ def bucket_sizes(buckets: Sequence[int], max_len: int) -> tuple[int, ...]:
     if any(int(b) < 1 for b in buckets):
         raise ValueError(f"buckets must be positive, got {tuple(buckets)}")
     return tuple(sorted({int(b) for b in buckets if b < max_len} | {max_len}))
+
+
+def bag_sizes(buckets: Sequence[int], max_len: int, bag_len: int) -> tuple[int, ...]:
+    """The lengths M a batch's bag_tokens are padded to: the buckets, then max_len doubled up to
+    bag_len. Texts no longer than max_len give the bag what the attention gets, so such batches
+    keep their short bucket."""
+    doubled, m = [], max_len
+    while m < bag_len:
+        doubled.append(m)
+        m *= 2
+    return bucket_sizes((*buckets, *doubled), bag_len)
 
 
 def epoch_order(lengths: np.ndarray, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
@@ -70,9 +88,11 @@ def train_stream(
     seed: int,
     start_step: int = 0,
     rows: slice = slice(None),
+    bag_ids: Sequence[np.ndarray] | None = None,
+    bag_len: int = 0,
 ) -> Iterator[Batch]:
     """Training batches start_step, start_step + 1, ... across epochs, without end; only `rows`
-    of each."""
+    of each. With `bag_ids` (per text, [m <= bag_len]) they also hold bag_tokens."""
     if start_step < 0:
         raise ValueError(f"start_step must be >= 0, got {start_step}")
     if not len(ids):
@@ -80,10 +100,11 @@ def train_stream(
     labels = np.asarray(labels, np.int32)
     lengths = np.array([len(s) for s in ids], np.int64)
     sizes = bucket_sizes(buckets, max_len)
+    bag = (bag_ids, bag_sizes(buckets, max_len, bag_len)) if bag_ids is not None else None
     first_epoch, offset = divmod(start_step, steps_per_epoch(len(ids), batch_size))
     for epoch in itertools.count(first_epoch):
         for idx in epoch_order(lengths, batch_size, seed, epoch)[offset:]:
-            yield _make_batch(ids, labels, idx, batch_size, sizes, rows)
+            yield _make_batch(ids, labels, idx, batch_size, sizes, rows, bag)
         offset = 0
 
 
@@ -95,17 +116,20 @@ def eval_batches(
     buckets: Sequence[int],
     max_len: int,
     rows: slice = slice(None),
+    bag_ids: Sequence[np.ndarray] | None = None,
+    bag_len: int = 0,
 ) -> Iterator[tuple[np.ndarray, Batch]]:
     """(example indices [n <= B], batch): every example exactly once, sorted by length to pad
     little; rows n and on are fillers of weight 0. The indices are the whole batch's, the batch
-    only its `rows`."""
+    only its `rows`. `bag_ids` as in `train_stream`."""
     labels = np.asarray(labels, np.int32)
     lengths = np.array([len(s) for s in ids], np.int64)
     order = np.argsort(lengths, kind="stable")
     sizes = bucket_sizes(buckets, max_len)
+    bag = (bag_ids, bag_sizes(buckets, max_len, bag_len)) if bag_ids is not None else None
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
-        yield idx, _make_batch(ids, labels, idx, batch_size, sizes, rows)
+        yield idx, _make_batch(ids, labels, idx, batch_size, sizes, rows, bag)
 
 
 def _make_batch(
@@ -115,21 +139,34 @@ def _make_batch(
     batch_size: int,
     sizes: tuple[int, ...],
     rows: slice,
+    bag: tuple[Sequence[np.ndarray], tuple[int, ...]] | None = None,
 ) -> Batch:
-    longest = max((len(ids[i]) for i in idx), default=0)
-    L = next((s for s in sizes if s >= longest), sizes[-1])  # longer than max_len: truncated
     start, stop, _ = rows.indices(batch_size)
     own = idx[start:stop]  # fewer than stop - start rows when fillers fall in `rows`
-    tokens = np.full((stop - start, L), PAD, np.int32)
-    for row, i in enumerate(own):
-        seq = ids[i][:L]
-        tokens[row, : len(seq)] = seq
+    tokens = _padded(ids, idx, own, stop - start, sizes)
     n = len(own)
     label = np.zeros(stop - start, np.int32)
     label[:n] = labels[own]
     weight = np.zeros(stop - start, np.float32)
     weight[:n] = 1.0
-    return {"tokens": tokens, "mask": tokens != PAD, "label": label, "weight": weight}
+    batch = {"tokens": tokens, "mask": tokens != PAD, "label": label, "weight": weight}
+    if bag is not None:
+        batch["bag_tokens"] = _padded(bag[0], idx, own, stop - start, bag[1])
+    return batch
+
+
+def _padded(
+    ids: Sequence[np.ndarray], idx: np.ndarray, own: np.ndarray, n: int, sizes: tuple[int, ...]
+) -> np.ndarray:
+    """int32 [n, L]: the `own` rows of ids, PAD after; L the smallest size >= the longest of the
+    whole batch `idx` (so every process pads alike)."""
+    longest = max((len(ids[i]) for i in idx), default=0)
+    L = next((s for s in sizes if s >= longest), sizes[-1])  # longer than max_len: truncated
+    out = np.full((n, L), PAD, np.int32)
+    for row, i in enumerate(own):
+        seq = ids[i][:L]
+        out[row, : len(seq)] = seq
+    return out
 
 
 _DONE = object()

@@ -23,6 +23,8 @@ class Split:
     texts: list[str]
     ids: list[np.ndarray]  # int32 [n <= max_len] per text
     labels: np.ndarray  # int32 [N]
+    # int32 [n <= bag_len] per text: what the bag reads when data.bag_len > 0, else None (the ids)
+    bag_ids: list[np.ndarray] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,14 +50,12 @@ def load(
     examples = datasets.load_splits(data, splits)
     if tokenizer is None:
         tokenizer = _tokenizer(data, examples, workdir)
-    encoded = {
-        s: Split(
-            texts,
-            encode(tokenizer, texts, max_len=data.max_len, add_cls=add_cls, tail_len=data.tail_len),
-            labels,
-        )
-        for s, (texts, labels, _) in examples.items()
-    }
+    encoded = {}
+    for s, (texts, labels, _) in examples.items():
+        raw = [tokenizer.encode(t) for t in texts]
+        ids = cut(raw, max_len=data.max_len, add_cls=add_cls, tail_len=data.tail_len)
+        bag = cut(raw, **bag_window(data, add_cls)) if data.bag_len else None
+        encoded[s] = Split(texts, ids, labels, bag)
     return Encoded(tokenizer, next(iter(examples.values()))[2], encoded)
 
 
@@ -67,7 +67,15 @@ def encode(
     add_cls: bool,
     tail_len: int = 0,
 ) -> list[np.ndarray]:
-    """Token ids per text, int32 [n <= max_len]; CLS (if any) counts.
+    """Token ids per text, int32 [n <= max_len]; CLS (if any) counts (see `cut`)."""
+    raw = [tokenizer.encode(t) for t in texts]
+    return cut(raw, max_len=max_len, add_cls=add_cls, tail_len=tail_len)
+
+
+def cut(
+    raw: Sequence[np.ndarray], *, max_len: int, add_cls: bool, tail_len: int = 0
+) -> list[np.ndarray]:
+    """Whole texts' ids -> int32 [n <= max_len] per text, CLS (if any) first and counted.
 
     A longer text keeps its first max_len - tail_len tokens (CLS included) and its last tail_len:
     a review often states its verdict at the end (Sun et al. 2019 keep head and tail on IMDB).
@@ -80,7 +88,23 @@ def encode(
             f"data.tail_len must be an integer in [0, {keep}] (max_len less CLS), got {tail_len!r}"
         )
     prefix = np.array([CLS] * add_cls, np.int32)
-    return [np.concatenate([prefix, _cut(tokenizer.encode(t), keep, tail_len)]) for t in texts]
+    return [np.concatenate([prefix, _cut(ids_N, keep, tail_len)]) for ids_N in raw]
+
+
+def bag_window(data: Any, add_cls: bool) -> dict:
+    """`cut`'s max_len and tail_len for what the bag reads: data.bag_len tokens, of which a
+    longer text keeps the same share from its end as the attention's window does."""
+    if not (isinstance(data.bag_len, int) and data.bag_len >= data.max_len):
+        raise UserError(
+            f"data.bag_len must be 0 or an integer >= max_len ({data.max_len}), got "
+            f"{data.bag_len!r}"
+        )
+    keep, bag_keep = data.max_len - add_cls, data.bag_len - add_cls
+    return {
+        "max_len": data.bag_len,
+        "add_cls": add_cls,
+        "tail_len": data.tail_len * bag_keep // keep if keep else 0,
+    }
 
 
 def _cut(ids_N: np.ndarray, keep: int, tail_len: int) -> np.ndarray:
