@@ -221,11 +221,9 @@ def encode(trained: Trained, text: str) -> np.ndarray:
 
 def encode_bag(trained: Trained, text: str) -> np.ndarray | None:
     """What the model's bag reads of one user text, when it reads more than `encode` gives."""
-    data = trained.config.data
-    if not data.bag_len:
-        return None
     raw = [trained.tokenizer.encode(encoding.check_text(text))]
-    return encoding.cut(raw, **encoding.bag_window(data, trained.cfg.pooling == "cls"))[0]
+    bags = encoding.bag_cut(raw, trained.config.data, trained.cfg.pooling == "cls")
+    return None if bags is None else bags[0]
 
 
 def _model_config(meta: dict, where: str) -> classifier.ModelConfig:

@@ -54,8 +54,7 @@ def load(
     for s, (texts, labels, _) in examples.items():
         raw = [tokenizer.encode(t) for t in texts]
         ids = cut(raw, max_len=data.max_len, add_cls=add_cls, tail_len=data.tail_len)
-        bag = cut(raw, **bag_window(data, add_cls)) if data.bag_len else None
-        encoded[s] = Split(texts, ids, labels, bag)
+        encoded[s] = Split(texts, ids, labels, bag_cut(raw, data, add_cls))
     return Encoded(tokenizer, next(iter(examples.values()))[2], encoded)
 
 
@@ -89,6 +88,12 @@ def cut(
         )
     prefix = np.array([CLS] * add_cls, np.int32)
     return [np.concatenate([prefix, _cut(ids_N, keep, tail_len)]) for ids_N in raw]
+
+
+def bag_cut(raw: Sequence[np.ndarray], data: Any, add_cls: bool) -> list[np.ndarray] | None:
+    """What the bag reads of each whole text, int32 [m <= data.bag_len]; None when data.bag_len
+    is 0 and the bag reads `cut`'s ids."""
+    return cut(raw, **bag_window(data, add_cls)) if data.bag_len else None
 
 
 def bag_window(data: Any, add_cls: bool) -> dict:
