@@ -86,7 +86,13 @@ def evaluate(
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
-def _forward(params: Any, tokens_BxL: jax.Array, bag_tokens_BxM, *, cfg: classifier.ModelConfig):
+def _forward(
+    params: Any,
+    tokens_BxL: jax.Array,
+    bag_tokens_BxM: jax.Array | None,
+    *,
+    cfg: classifier.ModelConfig,
+):
     logits_BxC, aux = classifier.apply(params, tokens_BxL, cfg, bag_tokens_BxM=bag_tokens_BxM)
     return jax.nn.softmax(logits_BxC), aux
 
