@@ -77,6 +77,14 @@ def test_each_malformed_row_is_reported_with_its_line(tmp_path, capsys, row, rea
         _load(str(p), max_bad_fraction=0.005, label_names=("neg", "pos"))
 
 
+def test_a_file_read_twice_warns_once(tmp_path, capsys):
+    # A run reads its file for the defaults and again for the splits: one warning, not two.
+    path = _csv(tmp_path, ["text,label", *GOOD, ",pos"])
+    _load(path, max_bad_fraction=0.05)
+    _load(path, max_bad_fraction=0.05)
+    assert capsys.readouterr().err.count("1 of 101 rows malformed") == 1
+
+
 def test_threshold_and_first_few_listed(tmp_path, capsys):
     lines = ["text,label", *GOOD[:90]] + [f",pos{i}" for i in range(10)]  # 10 of 100 bad
     path = _csv(tmp_path, lines)

@@ -21,6 +21,7 @@ a warning on stderr. Both name the first few by line number (or file, for folder
 
 import collections
 import csv
+import functools
 import io
 import json
 import os
@@ -105,7 +106,7 @@ def load(
         msg = f"data.path={path!r}: {len(bad)} of {len(rows)} rows malformed: {shown}{more}"
         if len(bad) > max_bad_fraction * len(rows):
             raise UserError(f"{msg}; that is more than data.max_bad_fraction={max_bad_fraction}")
-        print(f"warning: {msg}; skipped them", file=sys.stderr)
+        _warn(f"{msg}; skipped them")
 
     if not label_names:
         _warn_single_labels(path, rows, good)
@@ -134,11 +135,17 @@ def _warn_single_labels(path: str, rows: list[Row], good: list) -> None:
     for label, n in sorted(counts.items()):
         if n == 1:
             where = next(r[0] for r in rows if r[2] is not None and r[2].strip() == label)
-            print(
-                f"warning: data.path={path!r}: label {label!r} occurs only once ({where}); it "
-                "becomes a class of its own. Fix the row, or set data.label_names to skip it",
-                file=sys.stderr,
+            _warn(
+                f"data.path={path!r}: label {label!r} occurs only once ({where}); it "
+                "becomes a class of its own. Fix the row, or set data.label_names to skip it"
             )
+
+
+@functools.cache
+def _warn(msg: str) -> None:
+    """Prints a warning once per process: a run reads its file twice (defaults chosen from the
+    data, then the splits), and the same warning twice reads like two problems."""
+    print(f"warning: {msg}", file=sys.stderr)
 
 
 def _assign_split(text: str, hint: str | None, has_validation: bool) -> str:
