@@ -78,7 +78,9 @@ def format_line(p: dict) -> str:
         return f"error\t-\t{p['error']}"
     if p["label"] is None:
         return f"{UNKNOWN}\t-\t{p['note']}"
-    top = " ".join(f"{t}({w:.2f})" for t, w in p["top_tokens"])
+    # Two significant digits: over a 512-token review a token's share is about 0.002, which a
+    # fixed two decimals would print as 0.00 for every token.
+    top = " ".join(f"{t}({w:.2g})" for t, w in p["top_tokens"])
     return f"{p['label']}\t{p['probability']:.3f}\t{top}"
 
 

@@ -12,6 +12,8 @@ import textwrap
 import pytest
 from conftest import ROOT, assert_one_line_error, run, run_here, tiny_flags, tree_hash
 
+from experiments import predict
+
 
 def test_evaluate_predict_visualize_commands(trained_copy, capsys):
     proc = run_here(
@@ -50,6 +52,12 @@ def test_evaluate_predict_visualize_commands(trained_copy, capsys):
         os.path.join(out, "attention.html"),
         os.path.join(trained_copy, "curves.png"),
     ]
+
+
+def test_predict_line_shows_small_attention_shares():
+    # Over a 512-token review every share is about 0.002; two decimals printed them all as 0.00.
+    p = {"label": "pos", "probability": 0.9, "top_tokens": [["great", 0.0042], ["a", 0.31]]}
+    assert predict.format_line(p) == "pos\t0.900\tgreat(0.0042) a(0.31)"
 
 
 def _no_checkpoint(trained, tmp_path) -> str:
