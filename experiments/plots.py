@@ -52,12 +52,23 @@ def token_ticks(ax: plt.Axes, axis: str, tokens: list[str]) -> None:
                 label.set_rotation(90)
 
 
+def best_validation(rows: list[dict]) -> tuple[int, float] | None:
+    """(step, accuracy) of the checkpoint training kept as best: the first evaluation with the
+    highest validation accuracy and a finite loss; None before any."""
+    best = None
+    for row in rows:
+        if row["split"] == "validation" and np.isfinite(row["loss"]):
+            if best is None or row["accuracy"] > best[1]:
+                best = (row["step"], row["accuracy"])
+    return best
+
+
 def plot_curves(workdir: str, path: str | None = None) -> str:
     """Loss and accuracy against step for train and validation, as PNG at `path` (default
     DIR/curves.png), with the TF-IDF baseline's validation accuracy when the run fit it; returns
     the path."""
     rows = metrics.read(workdir)
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4.8))
     for split, style in (("train", "-"), ("validation", "o-")):
         r = [row for row in rows if row["split"] == split]
         if not r:
@@ -74,11 +85,22 @@ def plot_curves(workdir: str, path: str | None = None) -> str:
             linestyle="--",
             label=f"TF-IDF baseline ({b['features']}), validation",
         )
+    best = best_validation(rows)
+    if best is not None:
+        ax_acc.plot(
+            *best,
+            "*",
+            color="black",
+            markersize=12,
+            zorder=3,
+            label=f"best validation {best[1]:.4f} (step {best[0]}): the kept model",
+        )
     for ax, name in ((ax_loss, "loss"), (ax_acc, "accuracy")):
         ax.set_xlabel("step")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
-        ax.legend()
+        # Below the axes: inside, the legend sat on the curves it explains.
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=8, frameon=False)
     fig.suptitle(os.path.basename(os.path.abspath(workdir)))
     fig.tight_layout()
     path = path or os.path.join(workdir, "curves.png")

@@ -15,7 +15,7 @@ from matplotlib.text import Text
 
 import attn
 from attn import classifier, multihead, scores
-from experiments import attention_page, forward, plots, step_plots, visualize, workdirs
+from experiments import attention_page, forward, metrics, plots, step_plots, visualize, workdirs
 
 TEXTS = ["很好看", "质量太差了，不推荐"]
 WINDOW, PAD_TO, QUERY = 6, 5, 2  # text 1 is padded (3 -> 5 tokens), text 2 cut (9 -> 6)
@@ -284,3 +284,25 @@ def test_steps_figure_labels_do_not_overlap_at_the_default_window(tmp_path, monk
     )
     # Rows of all 8 matrices, key columns of the 3 score panels and of the 2 bar charts.
     assert len(checked) == 8 + 3 + 2
+
+
+def test_curves_mark_the_checkpoint_training_kept(trained, tmp_path):
+    step, accuracy = plots.best_validation(metrics.read(trained))
+    assert step == workdirs.load(trained).step
+    assert accuracy == max(
+        r["accuracy"] for r in metrics.read(trained) if r["split"] == "validation"
+    )
+    path = plots.plot_curves(trained, str(tmp_path / "curves.png"))
+    assert os.path.getsize(path) > 0
+
+
+def test_best_validation_takes_the_first_highest_finite_row():
+    rows = [
+        {"split": "train", "step": 5, "accuracy": 1.0, "loss": 0.1},
+        {"split": "validation", "step": 10, "accuracy": 0.7, "loss": 0.5},
+        {"split": "validation", "step": 20, "accuracy": 0.9, "loss": float("nan")},
+        {"split": "validation", "step": 30, "accuracy": 0.8, "loss": 0.4},
+        {"split": "validation", "step": 40, "accuracy": 0.8, "loss": 0.3},
+    ]
+    assert plots.best_validation(rows) == (30, 0.8)
+    assert plots.best_validation(rows[:1]) is None
