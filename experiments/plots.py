@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib import font_manager  # noqa: E402
 
-from experiments import baseline, checkpoints, metrics, workdirs  # noqa: E402
+from experiments import baseline, metrics, workdirs  # noqa: E402
 
 
 @functools.cache
@@ -52,12 +52,15 @@ def token_ticks(ax: plt.Axes, axis: str, tokens: list[str]) -> None:
                 label.set_rotation(90)
 
 
-def kept_checkpoint(workdir: str, rows: list[dict]) -> tuple[int, float] | None:
-    """(step, validation accuracy) of the checkpoint training kept as best, read from
-    DIR/best rather than re-deriving train's choice from the rows; None before there is one."""
-    step = checkpoints.latest_step(workdir, checkpoints.BEST)
-    accuracy = [r["accuracy"] for r in rows if r["split"] == "validation" and r["step"] == step]
-    return (step, accuracy[-1]) if accuracy else None
+def best_validation(rows: list[dict]) -> tuple[int, float] | None:
+    """(step, accuracy) of the checkpoint training kept as best: the first evaluation with the
+    highest validation accuracy and a finite loss; None before any."""
+    best = None
+    for row in rows:
+        if row["split"] == "validation" and np.isfinite(row["loss"]):
+            if best is None or row["accuracy"] > best[1]:
+                best = (row["step"], row["accuracy"])
+    return best
 
 
 def plot_curves(workdir: str, path: str | None = None) -> str:
@@ -82,7 +85,7 @@ def plot_curves(workdir: str, path: str | None = None) -> str:
             linestyle="--",
             label=f"TF-IDF baseline ({b['features']}), validation",
         )
-    best = kept_checkpoint(workdir, rows)
+    best = best_validation(rows)
     if best is not None:
         ax_acc.plot(
             *best,

@@ -287,7 +287,7 @@ def test_steps_figure_labels_do_not_overlap_at_the_default_window(tmp_path, monk
 
 
 def test_curves_mark_the_checkpoint_training_kept(trained, tmp_path):
-    step, accuracy = plots.kept_checkpoint(trained, metrics.read(trained))
+    step, accuracy = plots.best_validation(metrics.read(trained))
     assert step == workdirs.load(trained).step
     assert accuracy == max(
         r["accuracy"] for r in metrics.read(trained) if r["split"] == "validation"
@@ -296,6 +296,13 @@ def test_curves_mark_the_checkpoint_training_kept(trained, tmp_path):
     assert os.path.getsize(path) > 0
 
 
-def test_no_star_before_a_checkpoint_is_kept(tmp_path):
-    rows = [{"split": "validation", "step": 10, "accuracy": 0.7, "loss": 0.5}]
-    assert plots.kept_checkpoint(str(tmp_path), rows) is None
+def test_best_validation_takes_the_first_highest_finite_row():
+    rows = [
+        {"split": "train", "step": 5, "accuracy": 1.0, "loss": 0.1},
+        {"split": "validation", "step": 10, "accuracy": 0.7, "loss": 0.5},
+        {"split": "validation", "step": 20, "accuracy": 0.9, "loss": float("nan")},
+        {"split": "validation", "step": 30, "accuracy": 0.8, "loss": 0.4},
+        {"split": "validation", "step": 40, "accuracy": 0.8, "loss": 0.3},
+    ]
+    assert plots.best_validation(rows) == (30, 0.8)
+    assert plots.best_validation(rows[:1]) is None
