@@ -20,6 +20,12 @@ def confusion_metrics(confusion_CxC: np.ndarray) -> dict:
     return {"accuracy": float(tp_C.sum() / max(total, 1)), "macro_f1": float(f1_C.mean())}
 
 
+def improves(validation: dict, best_accuracy: float) -> bool:
+    """Whether an evaluation replaces the kept best checkpoint: strictly higher accuracy (the first
+    of equals stays) and a finite loss (a diverged model never becomes the best)."""
+    return validation["accuracy"] > best_accuracy and bool(np.isfinite(validation["loss"]))
+
+
 def read(workdir: str) -> list[dict]:
     path = os.path.join(workdir, FILENAME)
     if not os.path.exists(path):

@@ -53,13 +53,14 @@ def token_ticks(ax: plt.Axes, axis: str, tokens: list[str]) -> None:
 
 
 def best_validation(rows: list[dict]) -> tuple[int, float] | None:
-    """(step, accuracy) of the checkpoint training kept as best: the first evaluation with the
-    highest validation accuracy and a finite loss; None before any."""
+    """(step, accuracy) of the checkpoint training kept as best (`metrics.improves`, the rule
+    training applies); None before any."""
     best = None
     for row in rows:
-        if row["split"] == "validation" and np.isfinite(row["loss"]):
-            if best is None or row["accuracy"] > best[1]:
-                best = (row["step"], row["accuracy"])
+        if row["split"] == "validation" and metrics.improves(
+            row, -1.0 if best is None else best[1]
+        ):
+            best = (row["step"], row["accuracy"])
     return best
 
 

@@ -18,7 +18,6 @@ import time
 
 import jax
 import ml_collections
-import numpy as np
 from absl import flags
 from jax.experimental import multihost_utils
 from ml_collections import config_flags
@@ -32,6 +31,7 @@ from experiments import (
     devices,
     distributed,
     forward,
+    metrics,
     optimization,
     plots,
     progress,
@@ -114,8 +114,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 if evaluating:
                     val = evaluate(optimization.eval_params(state), validation)
                     prog.validation(step, val)
-                    # A diverged model (NaN validation loss) never becomes the best checkpoint.
-                    if val["accuracy"] > meta["best_val_accuracy"] and np.isfinite(val["loss"]):
+                    if metrics.improves(val, meta["best_val_accuracy"]):
                         meta["best_val_accuracy"] = val["accuracy"]
                         checkpoints.save(best, step, state, meta)
                 if saving:

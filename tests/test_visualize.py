@@ -296,7 +296,8 @@ def test_curves_mark_the_checkpoint_training_kept(trained, tmp_path):
     assert os.path.getsize(path) > 0
 
 
-def test_best_validation_takes_the_first_highest_finite_row():
+def test_the_kept_model_rule_takes_the_first_highest_finite_row():
+    # train.py keeps its best checkpoint by the same rule (metrics.improves).
     rows = [
         {"split": "train", "step": 5, "accuracy": 1.0, "loss": 0.1},
         {"split": "validation", "step": 10, "accuracy": 0.7, "loss": 0.5},
