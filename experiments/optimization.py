@@ -111,8 +111,8 @@ def init_state(
         "step": jnp.zeros([], jnp.int32),
         "rng": dropout_key,
     }
-    if ema:
-        state["ema"] = params
+    if ema:  # a copy: a donated state may not hold one buffer twice
+        state["ema"] = jax.tree.map(jnp.copy, params)
     return state
 
 
