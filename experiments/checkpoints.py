@@ -24,7 +24,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from attn import classifier
-from experiments import distributed
+from experiments import distributed, metrics
 from experiments.cli import UserError
 
 LAST, BEST = "checkpoints", "best"
@@ -38,7 +38,7 @@ def new_meta(cfg: classifier.ModelConfig, label_names: Sequence[str], *, ema: bo
         "ema": ema,
         "label_names": list(label_names),
         "step": 0,
-        "best_val_accuracy": -1.0,
+        "best_val_accuracy": metrics.NO_BEST,
     }
 
 

@@ -20,6 +20,11 @@ def confusion_metrics(confusion_CxC: np.ndarray) -> dict:
     return {"accuracy": float(tp_C.sum() / max(total, 1)), "macro_f1": float(f1_C.mean())}
 
 
+# The best validation accuracy before any evaluation: below every accuracy, so the first
+# evaluation with a finite loss improves on it.
+NO_BEST = -1.0
+
+
 def improves(validation: dict, best_accuracy: float) -> bool:
     """Whether an evaluation replaces the kept best checkpoint: strictly higher accuracy (the first
     of equals stays) and a finite loss (a diverged model never becomes the best)."""

@@ -58,7 +58,7 @@ def best_validation(rows: list[dict]) -> tuple[int, float] | None:
     best = None
     for row in rows:
         if row["split"] == "validation" and metrics.improves(
-            row, -1.0 if best is None else best[1]
+            row, metrics.NO_BEST if best is None else best[1]
         ):
             best = (row["step"], row["accuracy"])
     return best
