@@ -2,52 +2,46 @@
 
   PYTHONPATH=. python benchmarks/probes/donation.py
 
-The default config's full train step (adversarial loss included) on random tokens, batch 32, at
-L=64 and L=256, jitted with and without `donate_argnums=0`, interleaved in blocks of 10 steps;
-prints the median step time of each and their ratio. Without donation every step allocates and
-writes new copies of the params and both Adam moments, dominated by the 131072x64 n-gram table.
+The default config's full train step (adversarial loss included) on real training batches of the
+shortest and the longest bucket, jitted with and without `donate_argnums=0`, interleaved
+(`benchmarks.timing`); prints the median step time of each and their ratio. Without donation every
+step allocates and writes new copies of the params and both Adam moments, dominated by the
+131072x64 n-gram table.
 """
 
 import functools
+import itertools
 import statistics
-import time
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
-from configs import default
+from benchmarks import config_file, timing
+from benchmarks.train_step import stream, train_data
 from experiments import optimization
 
 
 def main() -> None:
-    config = default.get_config()
-    cfg = optimization.model_config(config, vocab_size=3726, num_classes=2)
-    tx = optimization.make_optimizer(config.optim, total_steps=1302)
+    config = config_file("default.py")
+    cfg, train = train_data(config)
+    tx = optimization.make_optimizer(config.optim, 1000)
     step = functools.partial(
         optimization.train_step, cfg=cfg, tx=tx, **optimization.loss_options(config.optim)
     )
     steps = {"plain": jax.jit(step), "donated": jax.jit(step, donate_argnums=0)}
-    states = {k: optimization.init_state(jax.random.PRNGKey(0), cfg, tx) for k in steps}
-    rng = np.random.default_rng(0)
-    for length in (64, 256):
-        batch = {
-            "tokens": jnp.asarray(rng.integers(3, 3000, (32, length)), jnp.int32),
-            "label": jnp.asarray(rng.integers(0, 2, 32)),
-            "weight": jnp.ones(32),
-        }
-        times = {k: [] for k in steps}
-        for k in steps:  # compile
-            states[k], m = steps[k](states[k], batch)
-            jax.block_until_ready(m)
-        for _ in range(6):
-            for k in steps:
-                start = time.perf_counter()
-                for _ in range(10):
-                    states[k], m = steps[k](states[k], batch)
-                jax.block_until_ready((states[k], m))
-                times[k].append((time.perf_counter() - start) / 10)
-        ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
+    states = {k: optimization.init_state(jax.random.key(0), cfg, tx) for k in steps}
+
+    def run(name: str, batch: dict):
+        # A donated state is gone after the call: every call continues from the state it returned.
+        states[name], m = steps[name](states[name], batch)
+        return m
+
+    by_length: dict[int, dict] = {}
+    for batch in itertools.islice(stream(config, train), 200):
+        by_length.setdefault(batch["tokens"].shape[1], batch)
+    for length in (min(by_length), max(by_length)):
+        runs = {k: functools.partial(run, k, by_length[length]) for k in steps}
+        timing.time_interleaved(runs, 1)  # compile
+        ms = {k: 1000 * statistics.median(t) for k, t in timing.time_interleaved(runs, 40).items()}
         print(
             f"L={length}: plain {ms['plain']:.1f} ms, donated {ms['donated']:.1f} ms, "
             f"ratio {ms['donated'] / ms['plain']:.3f}"
