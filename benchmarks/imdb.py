@@ -3,9 +3,11 @@
 `configs/imdb.py` trained once per seed on a local aclImdb folder (`--imdb_path`; without it, TFDS
 `imdb_reviews`), against word 1-2-gram TF-IDF (sublinear tf) + logistic regression on the same
 split with C chosen on validation. Seeds given in separate calls accumulate: one seed takes tens
-of minutes on 2 CPU cores, so `--seeds=1` can run while the report keeps seed 0.
+of minutes on 2 CPU cores, so `--seeds=1` can run while the report keeps seed 0 (as long as the
+recipe and the data path are the same; a changed recipe starts the seeds over).
 """
 
+import json
 import time
 
 from benchmarks import config_file, timing
@@ -25,11 +27,14 @@ def run(quick: bool, path: str, seeds: list[str], previous: dict | None) -> dict
     config = config_file(base)
     with config.unlocked():
         config.data.path = path
-    results = {"config": base, "path": path or "TFDS imdb_reviews", "anchors": ANCHORS}
-    kept = (
-        (previous or {}).get("seeds", {}) if (previous or {}).get("path") == results["path"] else {}
-    )
-    results["seeds"] = dict(kept)
+    # Seeds of an earlier call are kept only if they trained the same recipe on the same data.
+    recipe = json.loads(json.dumps(config.to_dict()))
+    del recipe["train"]["seed"]
+    results = {"config": base, "path": path or "TFDS imdb_reviews", "recipe": recipe}
+    results["anchors"] = ANCHORS
+    previous = previous or {}
+    same = (previous.get("path"), previous.get("recipe")) == (results["path"], recipe)
+    results["seeds"] = dict(previous.get("seeds", {})) if same else {}
     for seed in seeds:
         with config.unlocked():
             config.train.seed = int(seed)

@@ -3,7 +3,7 @@
 import importlib
 
 import pytest
-from conftest import ROOT, run_here
+from conftest import ROOT, make_aclimdb, run_here
 
 from attn import classifier
 from experiments import defaults, optimization
@@ -27,11 +27,13 @@ def test_variants_load_and_make_a_valid_model(name, tmp_path):
     module = importlib.import_module(f"configs.{name}")
     reviews = tmp_path / "reviews.csv"
     reviews.write_text("text,label\n" + "".join(f"review {i},{i % 2}\n" for i in range(60)))
+    make_aclimdb(tmp_path / "aclImdb")
     for arg in VARIANTS[name]:
         config = module.get_config(arg)
-        if defaults.left_to_data(config):  # configs/csv.py leaves some fields to the data
+        if defaults.left_to_data(config):  # csv.py and imdb.py leave some fields to the data
             with config.unlocked():
-                config.data.path = str(reviews)
+                imdb = config.data.dataset == "imdb_reviews"
+                config.data.path = str(tmp_path / "aclImdb" if imdb else reviews)
             config = defaults.resolve(config)
         optimization.check_optim(config.optim)
         cfg = optimization.model_config(config, vocab_size=100, num_classes=2)
@@ -57,6 +59,7 @@ def test_sst2_uses_the_word_model_and_imdb_the_bag():
     assert (b.model.d_model, b.model.num_layers, b.model.ngram_buckets) == (128, 2, 0)
     assert a.model.bag_buckets > 0 and a.model.bag_orders == (1, 2) and b.model.bag_buckets == 0
     assert (a.data.dataset, b.data.dataset) == ("imdb_reviews", "glue/sst2")
+    assert a.optim.bag_init == "naive_bayes" and a.optim.adversarial_relative  # csv.py's recipe
 
 
 def test_every_field_of_every_config_has_a_meaning_and_no_meaning_is_stale():
