@@ -13,7 +13,7 @@ import pytest
 import tensorflow_datasets as tfds
 from conftest import assert_one_line_error, make_aclimdb, run_here
 
-from experiments import cli, data_info
+from experiments import cli, data_info, defaults
 from experiments.cli import UserError
 from experiments.data import datasets, splits
 from experiments.data.splits import SPLITS
@@ -244,3 +244,19 @@ def test_first_prepare_warning_of_tfds_is_not_shown(caplog):
         absl_logging.warning("Variant folder %s has no %s", "/x/1.0.0", "dataset_info.json")
         absl_logging.warning("a warning that matters")
     assert [r.getMessage() for r in caplog.records] == ["a warning that matters"]
+
+
+def test_imdb_config_chooses_its_settings_from_tfds_imdb(tmp_path):
+    # The Colab path: configs/imdb.py leaves length and schedule to the data, read from TFDS.
+    from configs import imdb
+
+    config = imdb.get_config()
+    with config.unlocked():
+        config.data.data_dir = str(tmp_path)
+    assert defaults.left_to_data(config)
+    with tfds.testing.mock_data(num_examples=60):
+        got = defaults.resolve(config)
+    assert not defaults.left_to_data(got)
+    assert got.data.tokenizer == "word" and 32 <= got.data.max_len <= 512
+    assert got.data.tail_len == 3 * got.data.max_len // 4 and 2 <= got.train.num_epochs <= 10
+    assert got.optim.warmup_steps > 0 and got.train.eval_every_steps > 0
