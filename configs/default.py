@@ -25,6 +25,8 @@ MEANINGS = {
     "data.path": "your CSV/TSV/JSONL file or folder of <label>/*.txt, for dataset=file",
     "data.text_field": "column (or JSON key) holding the text, for dataset=file",
     "data.label_field": "column (or JSON key) holding the label, for dataset=file",
+    "data.label_names": "the labels a file's rows may have, in class order; rows with another are "
+    "skipped as malformed; () = every label found, sorted (dataset=file)",
     "data.max_bad_fraction": "stop when more than this fraction of a file's rows are malformed",
     "data.tokenizer": "char, word or byte; auto = chosen from the data (csv.py)",
     "data.lowercase": "lowercase texts before tokenizing",
@@ -92,6 +94,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.data.path = ""  # for dataset="file"
     config.data.text_field = "text"
     config.data.label_field = "label"
+    config.data.label_names = ()  # e.g. ("neg", "pos") to skip a stray "neutral" row
     config.data.max_bad_fraction = 0.01
     config.data.tokenizer = "char"
     config.data.lowercase = True

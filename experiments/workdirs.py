@@ -50,6 +50,7 @@ _TOKENIZER_FIELDS = {
 # config.json without one is read with it, so resuming such a run with a config that sets another
 # value is refused like any other change.
 _ADDED_LATER = {
+    "data.label_names": [],
     "data.tail_len": 0,
     "data.bag_len": 0,
     "optim.bag_init": "zeros",
@@ -109,12 +110,17 @@ def check_same_run(config: ml_collections.ConfigDict, workdir: str) -> None:
 
 def read_config(path: str) -> ml_collections.ConfigDict:
     """A workdir's config.json, with the fields it predates set as its run used them."""
-    config = ml_collections.ConfigDict(read_json(path))
+    return ml_collections.ConfigDict(complete(read_json(path)))
+
+
+def complete(saved: dict) -> dict:
+    """A config saved as JSON, with the fields it predates set as its run used them."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in saved.items()}
     for name, old in _ADDED_LATER.items():
         section, field = name.split(".")
-        if section in config and field not in config[section]:
-            config[section][field] = old
-    return config
+        if section in out:
+            out[section].setdefault(field, old)
+    return out
 
 
 def read_json(path: str) -> dict:

@@ -142,6 +142,13 @@ def test_imdb_section_accumulates_seeds_and_reports_them(tmp_path, capsys):
     assert target["seeds"] == ["0", "1"] and target["met"] is False
     written = (tmp_path / "out" / "REPORT.md").read_text(encoding="utf-8")
     assert "## 4. IMDB" in written and "| seed 1 |" in written and "NBSVM" in written
+    # A recipe saved before a field existed is read with the field's old value: still the same.
+    del sec["recipe"]["data"]["label_names"]
+    (tmp_path / "out" / "results.json").write_text(json.dumps(results), encoding="utf-8")
+    assert cli.run(bench_main.define_flags, bench_main.main, [*argv, "--seeds=1"]) == 0
+    results = json.loads((tmp_path / "out" / "results.json").read_text(encoding="utf-8"))
+    sec = results["imdb"]
+    assert sorted(sec["seeds"]) == ["0", "1"]
     # Seeds trained with another recipe are not mixed into the new one's.
     sec["recipe"]["optim"]["learning_rate"] *= 2
     (tmp_path / "out" / "results.json").write_text(json.dumps(results), encoding="utf-8")

@@ -163,6 +163,7 @@ def test_resume_may_change_only_how_long_and_how_often(trained_copy, tfds_dir):
         ("optim.bag_init", "zeros", "naive_bayes"),
         ("optim.adversarial_relative", False, True),
         ("data.bag_len", 0, 128),
+        ("data.label_names", [], ["neg", "pos"]),
     ],
 )
 def test_resume_reads_a_field_the_workdir_predates_as_its_old_value(

@@ -1,9 +1,11 @@
 """User data: CSV/TSV/JSONL/folder parsing, malformed-row reports, thresholds, file-level errors."""
 
 import json
+import re
 
 import numpy as np
 import pytest
+from conftest import run_here
 
 from experiments.cli import UserError
 from experiments.data import splits, user_files
@@ -199,3 +201,19 @@ def test_a_label_seen_once_is_named(tmp_path, capsys):
     assert "label 'neutral' occurs only once (line 19)" in err and "data.label_names" in err
     user_files.load(str(path), label_names=("neg", "pos"), max_bad_fraction=0.05)
     assert "occurs only once" not in capsys.readouterr().err  # named labels: it is a bad row
+
+
+def test_the_advice_for_a_label_seen_once_is_a_flag_that_works(tmp_path, capsys):
+    rows = [f"review {i},{'pos' if i % 2 else 'neg'}" for i in range(200)] + ["review x,neutral"]
+    path = tmp_path / "r.csv"
+    path.write_text("text,label\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    base = ["--config=configs/csv.py:tiny", f"--config.data.path={path}"]
+    proc = run_here("experiments.data_info", *base, capsys=capsys)
+    assert proc.returncode == 0 and "labels ['neg', 'neutral', 'pos']" in proc.stdout
+    # The warning names the flag to pass, quoted for a shell.
+    value = re.search(r'skip it with --config\.data\.label_names="([^"]+)"', proc.stderr)[1]
+    proc = run_here(
+        "experiments.data_info", *base, f"--config.data.label_names={value}", capsys=capsys
+    )
+    assert proc.returncode == 0 and "labels ['neg', 'pos']" in proc.stdout
+    assert "line 202: unknown label 'neutral'" in proc.stderr

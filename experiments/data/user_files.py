@@ -132,12 +132,14 @@ def _warn_single_labels(path: str, rows: list[Row], good: list) -> None:
     counts = collections.Counter(label for _, label, _ in good)
     if len(good) < 10:
         return
+    common = tuple(label for label, n in sorted(counts.items()) if n > 1)
     for label, n in sorted(counts.items()):
         if n == 1:
             where = next(r[0] for r in rows if r[2] is not None and r[2].strip() == label)
             _warn(
                 f"data.path={path!r}: label {label!r} occurs only once ({where}); it "
-                "becomes a class of its own. Fix the row, or set data.label_names to skip it"
+                "becomes a class of its own. Fix the row, or skip it with "
+                f'--config.data.label_names="{common!r}"'
             )
 
 
