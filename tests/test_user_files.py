@@ -157,6 +157,8 @@ def test_flat_folder_and_bad_file_named(tmp_path, capsys):
         (lambda d: _csv(d, ["text,label"]), "header but no data rows"),
         (lambda d: _csv(d, ["review,label", "a,b"]), r"no column 'text' \(data.text_field\)"),
         (lambda d: _csv(d, ["text,stars", "a,b"]), r"no column 'label' \(data.label_field\)"),
+        (lambda d: _csv(d, ["text;label", "a;b"]), r"separated by ';': a .csv needs commas"),
+        (lambda d: _csv(d, ["text\tlabel", "a\tb"]), r"separated by '\\t': a .csv needs"),
         (lambda d: _csv(d, ['{"x": 1}'], name="d.jsonl"), "no row has the field 'text'"),
         (lambda d: _csv(d, ["a,b"], name="d.xlsx"), "unknown file type '.xlsx'"),
         (lambda d: _csv(d, ["text,label", "a,pos", "b,pos"]), "every row has the label 'pos'"),
