@@ -240,12 +240,16 @@ def _table_rows(path: str, text: str, text_field: str, label_field: str, *, tsv:
         header = [h.strip() for h in header]
         # A spreadsheet's export may separate fields by ';' or tabs: the header is then one cell.
         sep = next((c for c in ";\t|" if len(header) == 1 and c in header[0]), None)
-        hint = f" (its fields look separated by {sep!r}: a .csv needs commas, a .tsv tabs)"
+        hint = (
+            f" (its fields look separated by {sep!r}: a .csv needs commas, a .tsv tabs)"
+            if sep
+            else ""
+        )
         for field, flag in ((text_field, "data.text_field"), (label_field, "data.label_field")):
             if field not in header:
                 raise UserError(
                     f"data.path={path!r}: no column {field!r} ({flag}); the header has "
-                    f"{header}{hint if sep else ''}"
+                    f"{header}{hint}"
                 )
         ti, li = header.index(text_field), header.index(label_field)
         rows: list[Row] = []
