@@ -120,6 +120,17 @@ def test_jsonl(tmp_path, capsys):
     assert sum(len(t) for t, _, _ in out.values()) == 97
 
 
+def test_jsonl_labels_true_and_false_are_classes_and_a_file_of_no_objects_says_why(tmp_path):
+    rows = [json.dumps({"text": f"text {i}", "label": i % 3 == 0}) for i in range(60)]
+    out = _load(_csv(tmp_path, rows, name="b.jsonl"))
+    assert out["train"][2] == ("false", "true")
+    texts, labels, _ = out["train"]
+    assert all((int(t.split()[1]) % 3 == 0) == bool(y) for t, y in zip(texts, labels, strict=True))
+    # Not one JSON object: the rows' own faults are named, not a missing field.
+    with pytest.raises(UserError, match=r"2 of 2 rows malformed: line 1: invalid JSON"):
+        _load(_csv(tmp_path, ["{broken", "[1]"], name="c.jsonl"))
+
+
 def test_folder_with_split_subfolders(tmp_path):
     for split, n in (("train", 60), ("test", 20)):
         for label in ("pos", "neg", "unsup"):

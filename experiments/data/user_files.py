@@ -9,10 +9,10 @@ Folders: `<dir>/<label>/*.txt`, one review per file, or split subfolders
 `<dir>/{train,test}/<label>/` (and optionally `validation/`). An `unsup/` folder (aclImdb's
 unlabelled reviews) is ignored.
 
-Labels are strings (a column of 0/1 gives the label names ("0", "1")); the label names are the
-sorted distinct labels of the whole file unless given. Splits: the text's stable hash decides
-(`splits.split_of`, 80/10/10); a `train` folder without a `validation` sibling gives 10% of its
-texts (`splits.held_out`) to validation.
+Labels are strings (a column of 0/1 gives the label names ("0", "1"); JSON true/false give
+"false", "true"); the label names are the sorted distinct labels of the whole file unless given.
+Splits: the text's stable hash decides (`splits.split_of`, 80/10/10); a `train` folder without
+a `validation` sibling gives 10% of its texts (`splits.held_out`) to validation.
 
 Malformed rows (missing field, empty text, empty or unknown label, undecodable bytes, NUL bytes,
 invalid JSON) are skipped and counted; more than `max_bad_fraction` of them is a UserError, fewer is
@@ -269,6 +269,8 @@ def _table_rows(path: str, text: str, text_field: str, label_field: str, *, tsv:
 
 def _jsonl_rows(path: str, text: str, text_field: str, label_field: str) -> list[Row]:
     rows: list[Row] = []
+    keys: set[str] = set()  # of the rows that are JSON objects
+    objects = 0
     for n, line in enumerate(_LINE_END.split(text), start=1):
         if not line.strip():
             continue
@@ -281,21 +283,23 @@ def _jsonl_rows(path: str, text: str, text_field: str, label_field: str) -> list
         if not isinstance(obj, dict):
             rows.append((where, None, None, None, "not a JSON object"))
             continue
+        objects += 1
+        keys |= obj.keys()
         t, lab = obj.get(text_field), obj.get(label_field)
         if t is not None and not isinstance(t, str):
             rows.append((where, None, None, None, f"text is a {type(t).__name__}, not a string"))
             continue
-        if isinstance(lab, bool) or (lab is not None and not isinstance(lab, (str, int))):
+        if isinstance(lab, bool):
+            lab = json.dumps(lab)  # the labels "false" and "true", as JSON spells them
+        elif lab is not None and not isinstance(lab, (str, int)):
             rows.append((where, None, None, None, f"label {lab!r} is not a string or integer"))
             continue
         rows.append((where, t, None if lab is None else str(lab), None, None))
     if not rows:
         raise UserError(f"data.path={path!r} is empty")
-    for field, flag, col in (
-        (text_field, "data.text_field", 1),
-        (label_field, "data.label_field", 2),
-    ):
-        if all(r[col] is None for r in rows):
+    # Only when some row is an object: otherwise the malformed-row report says what is wrong.
+    for field, flag in ((text_field, "data.text_field"), (label_field, "data.label_field")):
+        if objects and field not in keys:
             raise UserError(f"data.path={path!r}: no row has the field {field!r} ({flag})")
     return rows
 
