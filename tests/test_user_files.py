@@ -188,7 +188,10 @@ def test_binary_file(tmp_path):
     with pytest.raises(UserError, match="looks binary"):
         _load(str(p))
     p.write_text("text,label\nhello,pos\n", encoding="utf-16")
-    with pytest.raises(UserError, match="looks binary"):
+    with pytest.raises(UserError, match="is UTF-16 text; save it as UTF-8"):
+        _load(str(p))
+    p.write_text("text,label\n" + "très café à Noël,pos\n" * 50, encoding="cp1252")
+    with pytest.raises(UserError, match=r"is not UTF-8 \(Windows-1252 or Latin-1\?\)"):
         _load(str(p))
 
 

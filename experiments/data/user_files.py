@@ -203,20 +203,25 @@ def _decode(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
-def _looks_binary(raw: bytes) -> bool:
-    """True for files that are not text: many control bytes or mostly invalid UTF-8 at the start."""
+def _not_text(raw: bytes) -> str | None:
+    """Why a file cannot be read as UTF-8 text, judged from its start, or None if it can."""
     head = raw[:8192]
-    controls = sum(b < 32 and b not in b"\t\n\r\f\v" for b in head)
-    invalid = head.decode("utf-8", "replace").count("\ufffd")
-    return controls > 0.1 * len(head) or invalid > 0.1 * len(head)
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "is UTF-16 text; save it as UTF-8"
+    if sum(b < 32 and b not in b"\t\n\r\f\v" for b in head) > 0.1 * len(head):
+        return "looks binary, not UTF-8 text"
+    if head.decode("utf-8", "replace").count("\ufffd") > 0.1 * len(head):
+        # Often a spreadsheet's export in Windows-1252 or Latin-1, where every accent is invalid.
+        return "is not UTF-8 (Windows-1252 or Latin-1?); save it as UTF-8"
+    return None
 
 
 def _read_text_file(p: Path) -> str:
     raw = p.read_bytes()
     if not raw.strip():
         raise UserError(f"data.path={str(p)!r} is empty")
-    if _looks_binary(raw):
-        raise UserError(f"data.path={str(p)!r} looks binary, not UTF-8 text")
+    if why := _not_text(raw):
+        raise UserError(f"data.path={str(p)!r} {why}")
     return _decode(raw)
 
 
