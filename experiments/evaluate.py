@@ -1,18 +1,26 @@
-"""Evaluates a trained workdir on a split: accuracy, macro-F1, loss, confusion matrix, examples/s.
+"""Evaluates a trained workdir on a split, or on a labelled file: accuracy, macro-F1, loss, the
+confusion matrix, examples/s.
 
   python -m experiments.evaluate --workdir=runs/default [--split=test] [--checkpoint=best]
+  python -m experiments.evaluate --workdir=runs/mine --path=new_reviews.csv
 
-Prints a table and writes DIR/eval_<split>.json. Several processes run it like experiments.train
-(the same flags), each reading its rows of every batch; process 0 prints and writes.
+Prints a table and writes DIR/eval_<split>.json, or DIR/eval_file_<name>.json for --path: every
+row of a CSV/TSV/JSONL file or folder that configs/csv.py could train on, whatever split its hash
+would give, read with the training run's text and label fields unless --text_field and
+--label_field say otherwise. Its labels must be ones the model was trained on; rows with another
+label count as malformed. Several processes run it like experiments.train (the same flags), each
+reading its rows of every batch; process 0 prints and writes.
 """
 
 import os
+from pathlib import Path
 
+import numpy as np
 from absl import flags
 
 from experiments import checkpoints, cli, devices, distributed, forward, workdirs
 from experiments.cli import UserError
-from experiments.data import encoding
+from experiments.data import encoding, user_files
 from experiments.data.splits import SPLITS
 
 
@@ -30,7 +38,42 @@ def evaluate_workdir(workdir: str, split: str, which: str = checkpoints.BEST) ->
             f"labels of the {split} data {list(data.label_names)} differ from the checkpoint's "
             f"{list(trained.label_names)}"
         )
-    s = data.splits[split]
+    return _evaluate(trained, data.splits[split], result_file(workdir, split=split))
+
+
+def evaluate_file(
+    workdir: str,
+    path: str,
+    which: str = checkpoints.BEST,
+    text_field: str | None = None,
+    label_field: str | None = None,
+) -> dict:
+    """Evaluates the workdir's `which` checkpoint on every row of the labelled file or folder at
+    `path` and writes DIR/eval_file_<name>.json (see the module docstring)."""
+    trained = workdirs.load(workdir, which)
+    d = trained.config.data
+    parts = user_files.load(
+        path,
+        text_field=text_field or d.get("text_field", "text"),
+        label_field=label_field or d.get("label_field", "label"),
+        max_bad_fraction=d.get("max_bad_fraction", 0.01),
+        label_names=trained.label_names,
+    )
+    texts = [t for s in SPLITS for t in parts[s][0]]
+    labels = np.concatenate([parts[s][1] for s in SPLITS])
+    add_cls = trained.cfg.pooling == "cls"
+    split = encoding.encode_split(trained.tokenizer, texts, labels, d, add_cls=add_cls)
+    return _evaluate(trained, split, result_file(workdir, path=path), path=path)
+
+
+def result_file(workdir: str, split: str | None = None, path: str | None = None) -> str:
+    """Where the result goes: DIR/eval_<split>.json, or DIR/eval_file_<name>.json for a file."""
+    return os.path.join(
+        workdir, f"eval_file_{Path(path).stem}.json" if path else f"eval_{split}.json"
+    )
+
+
+def _evaluate(trained: workdirs.Trained, s: encoding.Split, out: str, **about: str) -> dict:
     dp = devices.data_parallel(trained.config.data)
     params = devices.replicate(trained.params, dp)
     result = forward.evaluate(
@@ -38,8 +81,9 @@ def evaluate_workdir(workdir: str, split: str, which: str = checkpoints.BEST) ->
     )
     result["step"] = trained.step
     result["label_names"] = list(trained.label_names)
+    result.update(about)
     if distributed.is_primary():
-        workdirs.write_json(os.path.join(workdir, f"eval_{split}.json"), result)
+        workdirs.write_json(out, result)
     return result
 
 
@@ -68,6 +112,18 @@ def define_flags(fv: flags.FlagValues) -> None:
         "Which checkpoint.",
         flag_values=fv,
     )
+    flags.DEFINE_string(
+        "path",
+        None,
+        "A labelled file or folder to evaluate on, instead of a split.",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "text_field", None, "--path's text column; default: the training run's.", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "label_field", None, "--path's label column; default: the training run's.", flag_values=fv
+    )
     distributed.define_flags(fv)
 
 
@@ -75,12 +131,17 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
     if not fv.workdir:
         raise UserError("--workdir=DIR is required")
     distributed.initialize_from_flags(fv)
-    result = evaluate_workdir(fv.workdir, fv.split, fv.checkpoint)
+    if fv.path is not None:
+        result = evaluate_file(fv.workdir, fv.path, fv.checkpoint, fv.text_field, fv.label_field)
+        what = f"{fv.path} (every row)"
+    else:
+        result = evaluate_workdir(fv.workdir, fv.split, fv.checkpoint)
+        what = f"{fv.split} split"
     if not distributed.is_primary():
         return
-    print(f"{fv.split} split, checkpoint step {result['step']}")
+    print(f"{what}, checkpoint step {result['step']}")
     print(format_table(result, tuple(result["label_names"])))
-    print(f"written: {os.path.join(fv.workdir, f'eval_{fv.split}.json')}")
+    print(f"written: {result_file(fv.workdir, fv.split, fv.path)}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 this process through the same flag parsing and error handling, with `predict` and a refused
 resume also run as real processes."""
 
+import csv
 import json
 import os
 import shutil
@@ -12,7 +13,8 @@ import textwrap
 import pytest
 from conftest import ROOT, assert_one_line_error, run, run_here, tiny_flags, tree_hash
 
-from experiments import predict
+from experiments import evaluate, predict, workdirs
+from experiments.data import datasets
 
 
 def test_evaluate_predict_visualize_commands(trained_copy, capsys):
@@ -52,6 +54,37 @@ def test_evaluate_predict_visualize_commands(trained_copy, capsys):
         os.path.join(out, "attention.html"),
         os.path.join(trained_copy, "curves.png"),
     ]
+
+
+def test_evaluate_on_a_labelled_file_matches_the_split_it_holds(trained_copy, tmp_path, capsys):
+    config = workdirs.read_config(os.path.join(trained_copy, "config.json"))
+    texts, labels, names = datasets.load_splits(config.data, ("test",))["test"]
+    path = tmp_path / "held.csv"
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows(
+            [("review", "label"), *((t, names[y]) for t, y in zip(texts, labels, strict=True))]
+        )
+    split = evaluate.evaluate_workdir(trained_copy, "test")
+    argv = [f"--workdir={trained_copy}", f"--path={path}"]
+    proc = run_here("experiments.evaluate", *argv, "--text_field=review", capsys=capsys)
+    assert proc.returncode == 0, proc.stderr
+    with open(os.path.join(trained_copy, "eval_file_held.json"), encoding="utf-8") as f:
+        got = json.load(f)
+    # Every row, whatever split its hash gives it: the same texts score as the split does.
+    assert got["num_examples"] == split["num_examples"] == len(texts)
+    assert (got["accuracy"], got["confusion"]) == (split["accuracy"], split["confusion"])
+    assert got["loss"] == pytest.approx(split["loss"], rel=1e-5) and got["path"] == str(path)
+    assert f"{path} (every row)" in proc.stdout and "eval_file_held.json" in proc.stdout
+    # The training run's column names by default; labels the model does not know are bad rows.
+    assert_one_line_error(
+        run_here("experiments.evaluate", *argv, capsys=capsys), "no column 'text'"
+    )
+    path.write_text(
+        "text,label\n" + "".join(f"{t},{y}\n" for t, y in zip("好差", "10", strict=True))
+    )
+    assert_one_line_error(
+        run_here("experiments.evaluate", *argv, capsys=capsys), "unknown label '1'"
+    )
 
 
 def test_predict_line_shows_small_attention_shares():

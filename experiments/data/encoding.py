@@ -50,12 +50,25 @@ def load(
     examples = datasets.load_splits(data, splits)
     if tokenizer is None:
         tokenizer = _tokenizer(data, examples, workdir)
-    encoded = {}
-    for s, (texts, labels, _) in examples.items():
-        raw = [tokenizer.encode(t) for t in texts]
-        ids = cut(raw, max_len=data.max_len, add_cls=add_cls, tail_len=data.tail_len)
-        encoded[s] = Split(texts, ids, labels, bag_cut(raw, data, add_cls))
+    encoded = {
+        s: encode_split(tokenizer, texts, labels, data, add_cls=add_cls)
+        for s, (texts, labels, _) in examples.items()
+    }
     return Encoded(tokenizer, next(iter(examples.values()))[2], encoded)
+
+
+def encode_split(
+    tokenizer: tokenizers.Tokenizer,
+    texts: list[str],
+    labels: np.ndarray,
+    data: Any,
+    *,
+    add_cls: bool,
+) -> Split:
+    """Texts and their labels (int32 [N]) encoded as config.data `data` cuts them."""
+    raw = [tokenizer.encode(t) for t in texts]
+    ids = cut(raw, max_len=data.max_len, add_cls=add_cls, tail_len=data.tail_len)
+    return Split(texts, ids, labels, bag_cut(raw, data, add_cls))
 
 
 def encode(
