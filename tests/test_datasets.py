@@ -260,3 +260,12 @@ def test_imdb_config_chooses_its_settings_from_tfds_imdb(tmp_path):
     assert got.data.tokenizer == "word" and 32 <= got.data.max_len <= 512
     assert got.data.tail_len == 3 * got.data.max_len // 4 and 2 <= got.train.num_epochs <= 10
     assert got.optim.warmup_steps > 0 and got.train.eval_every_steps > 0
+
+
+def test_a_path_the_dataset_does_not_read_is_refused(tmp_path, capsys):
+    # configs/default.py with a user's file used to train on the embedded reviews, silently.
+    reviews = tmp_path / "mine.csv"
+    reviews.write_text("text,label\ngood,pos\nbad,neg\n", encoding="utf-8")
+    flags = ["--config=configs/default.py", f"--config.data.path={reviews}"]
+    proc = run_here("experiments.data_info", *flags, capsys=capsys)
+    assert_one_line_error(proc, "does not read files", "--config=configs/csv.py")

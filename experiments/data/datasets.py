@@ -88,6 +88,12 @@ def load_splits(data_cfg: Any, splits: Sequence[str] = SPLITS) -> dict[str, Exam
         if split not in SPLITS:
             raise UserError(f"split={split!r} is not one of {SPLITS}")
     name = data_cfg.dataset
+    if data_cfg.get("path") and name not in ("file", "imdb_reviews"):
+        # e.g. configs/default.py with a user's file: it would train on the TFDS data instead.
+        raise UserError(
+            f"data.path={data_cfg.path!r} is set, but data.dataset={name!r} does not read files; "
+            "for your own data use --config=configs/csv.py (or --config.data.dataset=file)"
+        )
     if name == "file":
         return user_files.load_splits(
             data_cfg.path,
