@@ -20,7 +20,7 @@ from absl import flags
 
 from experiments import checkpoints, cli, devices, distributed, forward, workdirs
 from experiments.cli import UserError
-from experiments.data import encoding, user_files
+from experiments.data import datasets, encoding, user_files
 from experiments.data.splits import SPLITS
 
 
@@ -52,13 +52,10 @@ def evaluate_file(
     `path` and writes DIR/eval_file_<name>.json (see the module docstring)."""
     trained = workdirs.load(workdir, which)
     d = trained.config.data
-    parts = user_files.load(
-        path,
-        text_field=text_field or d.get("text_field", "text"),
-        label_field=label_field or d.get("label_field", "label"),
-        max_bad_fraction=d.get("max_bad_fraction", 0.01),
-        label_names=trained.label_names,
-    )
+    options = datasets.file_options(d) | {"label_names": trained.label_names}
+    options["text_field"] = text_field or options["text_field"]
+    options["label_field"] = label_field or options["label_field"]
+    parts = user_files.load(path, **options)
     texts = [t for s in SPLITS for t in parts[s][0]]
     labels = np.concatenate([parts[s][1] for s in SPLITS])
     add_cls = trained.cfg.pooling == "cls"

@@ -95,14 +95,7 @@ def load_splits(data_cfg: Any, splits: Sequence[str] = SPLITS) -> dict[str, Exam
             "for your own data use --config=configs/csv.py (or --config.data.dataset=file)"
         )
     if name == "file":
-        return user_files.load_splits(
-            data_cfg.path,
-            splits,
-            text_field=data_cfg.get("text_field", "text"),
-            label_field=data_cfg.get("label_field", "label"),
-            max_bad_fraction=data_cfg.get("max_bad_fraction", 0.01),
-            label_names=data_cfg.get("label_names"),
-        )
+        return user_files.load_splits(data_cfg.path, splits, **file_options(data_cfg))
     if name == "imdb_reviews" and data_cfg.get("path"):
         return _aclimdb(data_cfg.path, splits)
     if name not in _TFDS:
@@ -125,6 +118,16 @@ def load_splits(data_cfg: Any, splits: Sequence[str] = SPLITS) -> dict[str, Exam
         for s in ours:
             out[s] = (texts[s], np.asarray(labels[s], np.int32), names)
     return {s: out[s] for s in splits}
+
+
+def file_options(data_cfg: Any) -> dict:
+    """How config.data says a user's file is read: `user_files.load`'s keyword arguments."""
+    return {
+        "text_field": data_cfg.get("text_field", "text"),
+        "label_field": data_cfg.get("label_field", "label"),
+        "max_bad_fraction": data_cfg.get("max_bad_fraction", 0.01),
+        "label_names": data_cfg.get("label_names"),
+    }
 
 
 def _aclimdb(path: str, splits: Sequence[str]) -> dict[str, Examples]:
