@@ -55,7 +55,7 @@ def evaluate_file(
     options = datasets.file_options(d) | {"label_names": trained.label_names}
     options["text_field"] = text_field or options["text_field"]
     options["label_field"] = label_field or options["label_field"]
-    parts = user_files.load(path, **options)
+    parts = user_files.load(path, **options, field_flags=("--text_field", "--label_field"))
     texts = [t for s in SPLITS for t in parts[s][0]]
     labels = np.concatenate([parts[s][1] for s in SPLITS])
     add_cls = trained.cfg.pooling == "cls"

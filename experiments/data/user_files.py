@@ -80,8 +80,12 @@ def load(
     label_field: str = "label",
     max_bad_fraction: float = 0.01,
     label_names: Sequence[str] | None = None,
+    field_flags: tuple[str, str] = ("data.text_field", "data.label_field"),
 ) -> dict[str, tuple[list[str], np.ndarray, tuple[str, ...]]]:
-    """All three splits of a user's data: {split: (texts, labels int32 [N], label names)}."""
+    """All three splits of a user's data: {split: (texts, labels int32 [N], label names)}.
+
+    `field_flags` names the settings of `text_field` and `label_field` in the caller's command
+    line, for the message about a missing column."""
     if not 0.0 <= max_bad_fraction <= 1.0:
         raise UserError(f"data.max_bad_fraction must be in [0, 1], got {max_bad_fraction!r}")
     if not str(path or "").strip():
@@ -92,7 +96,7 @@ def load(
     if p.is_dir():
         rows = _folder_rows(p)
     elif p.suffix.lower() in FILE_SUFFIXES:
-        rows = _file_rows(p, text_field, label_field)
+        rows = _file_rows(p, (text_field, label_field), field_flags)
     else:
         raise UserError(
             f"data.path={path!r}: unknown file type {p.suffix!r}; expected a folder or one of "
@@ -225,15 +229,20 @@ def _read_text_file(p: Path) -> str:
     return _decode(raw)
 
 
-def _file_rows(p: Path, text_field: str, label_field: str) -> list[Row]:
+def _file_rows(p: Path, fields: tuple[str, str], flags: tuple[str, str]) -> list[Row]:
+    """Rows of a CSV/TSV/JSONL file; `fields` are the text and label columns, `flags` their
+    settings' names for the error messages."""
     text = _read_text_file(p)
     suffix = p.suffix.lower()
     if suffix in (".jsonl", ".ndjson"):
-        return _jsonl_rows(str(p), text, text_field, label_field)
-    return _table_rows(str(p), text, text_field, label_field, tsv=suffix == ".tsv")
+        return _jsonl_rows(str(p), text, fields, flags)
+    return _table_rows(str(p), text, fields, flags, tsv=suffix == ".tsv")
 
 
-def _table_rows(path: str, text: str, text_field: str, label_field: str, *, tsv: bool) -> list[Row]:
+def _table_rows(
+    path: str, text: str, fields: tuple[str, str], flags: tuple[str, str], *, tsv: bool
+) -> list[Row]:
+    text_field, label_field = fields
     if tsv:
         reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE)
     else:
@@ -250,7 +259,7 @@ def _table_rows(path: str, text: str, text_field: str, label_field: str, *, tsv:
             if sep
             else ""
         )
-        for field, flag in ((text_field, "data.text_field"), (label_field, "data.label_field")):
+        for field, flag in zip(fields, flags, strict=True):
             if field not in header:
                 raise UserError(
                     f"data.path={path!r}: no column {field!r} ({flag}); the header has "
@@ -272,7 +281,8 @@ def _table_rows(path: str, text: str, text_field: str, label_field: str, *, tsv:
     return rows
 
 
-def _jsonl_rows(path: str, text: str, text_field: str, label_field: str) -> list[Row]:
+def _jsonl_rows(path: str, text: str, fields: tuple[str, str], flags: tuple[str, str]) -> list[Row]:
+    text_field, label_field = fields
     rows: list[Row] = []
     keys: set[str] = set()  # of the rows that are JSON objects
     objects = 0
@@ -303,7 +313,7 @@ def _jsonl_rows(path: str, text: str, text_field: str, label_field: str) -> list
     if not rows:
         raise UserError(f"data.path={path!r} is empty")
     # Only when some row is an object: otherwise the malformed-row report says what is wrong.
-    for field, flag in ((text_field, "data.text_field"), (label_field, "data.label_field")):
+    for field, flag in zip(fields, flags, strict=True):
         if objects and field not in keys:
             raise UserError(f"data.path={path!r}: no row has the field {field!r} ({flag})")
     return rows
