@@ -71,6 +71,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     evaluate = lambda params, split: forward.evaluate(
         params, cfg, split.ids, split.labels, data=d, dp=dp, bag_ids=split.bag_ids
     )
+    # Before the checkpoint's model check: other labels (data.label_names) also mean another
+    # num_classes, and the data field is the cause to name.
+    workdirs.check_same_run(config, workdir)
     with (
         checkpoints.writer(workdir, LAST, t.keep_checkpoints) as last,
         checkpoints.writer(workdir, BEST, 1) as best,
@@ -85,7 +88,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         )
         state, meta = checkpoints.resume(last, devices.replicate(state, dp), meta, workdir)
         start = int(state["step"])
-        workdirs.check_same_run(config, workdir)
         if jax.process_count() > 1:  # all have read the workdir before process 0 writes to it
             multihost_utils.sync_global_devices("workdir read")
         if primary:
