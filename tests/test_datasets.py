@@ -105,11 +105,49 @@ def test_hash_fraction_is_sha1_of_normal_form():
     assert [splits.held_out(t) for t in texts] == [u >= 0.9 for u in fr]
 
 
+@pytest.fixture
+def network(monkeypatch):
+    """Download hosts reachable: mock_data then stands in for the download (this machine has no
+    network, and a mocked builder is never prepared)."""
+    monkeypatch.setattr(datasets, "unreachable", lambda host, port: None)
+
+
+@pytest.mark.parametrize("name", ["imdb_reviews", "glue/sst2"])
+def test_no_network_is_one_line_in_seconds_not_minutes_of_retries(name, tmp_path, monkeypatch):
+    asked = []
+
+    def refuse(address, timeout):
+        asked.append((address, timeout))
+        raise OSError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(datasets.socket, "create_connection", refuse)
+    with pytest.raises(UserError) as e:
+        datasets.load_splits(_cfg(dataset=name, data_dir=str(tmp_path)), ("test",))
+    host = datasets.DOWNLOAD_HOSTS[name][0]
+    assert f"download host {host} cannot be reached (" in str(e.value)
+    assert "Name or service not known" in str(e.value) and "\n" not in str(e.value)
+    assert asked == [(datasets.DOWNLOAD_HOSTS[name], 10.0)]
+    assert not any(tmp_path.iterdir())  # nothing half-prepared is left behind
+
+
+def test_download_hosts_are_where_tfds_downloads_from():
+    from urllib.parse import urlsplit
+
+    import tensorflow_datasets.text.glue as glue
+    from tensorflow_datasets.datasets.imdb_reviews import imdb_reviews_dataset_builder as imdb
+
+    sst2 = next(c for c in glue.Glue.BUILDER_CONFIGS if c.name == "sst2")
+    for name, url in (("imdb_reviews", imdb._DOWNLOAD_URL), ("glue/sst2", sst2.data_url)):
+        parts = urlsplit(url)
+        port = parts.port or {"http": 80, "https": 443}[parts.scheme]
+        assert datasets.DOWNLOAD_HOSTS[name] == (parts.hostname, port)
+
+
 @pytest.mark.parametrize(
     "name, text_field, names",
     [("imdb_reviews", "text", ("neg", "pos")), ("glue/sst2", "sentence", ("negative", "positive"))],
 )
-def test_tfds_datasets_on_mock_data(name, text_field, names, tmp_path):
+def test_tfds_datasets_on_mock_data(name, text_field, names, tmp_path, network):
     cfg = _cfg(dataset=name, data_dir=str(tmp_path))
     with tfds.testing.mock_data(num_examples=60):
         got = _one_by_one(cfg)
@@ -246,7 +284,7 @@ def test_first_prepare_warning_of_tfds_is_not_shown(caplog):
     assert [r.getMessage() for r in caplog.records] == ["a warning that matters"]
 
 
-def test_imdb_config_chooses_its_settings_from_tfds_imdb(tmp_path):
+def test_imdb_config_chooses_its_settings_from_tfds_imdb(network, tmp_path):
     # The Colab path: configs/imdb.py leaves length and schedule to the data, read from TFDS.
     from configs import imdb
 
