@@ -148,7 +148,7 @@ def test_refused_run_leaves_no_vocabulary_then_a_new_config_builds_its_own(tfds_
         assert json.load(f)["data"]["min_freq"] == 50
 
 
-def test_a_rerun_with_other_label_names_names_that_field(tmp_path, capsys):
+def test_a_rerun_with_other_label_names_names_that_field(tmp_path):
     """Skipping a stray label also changes num_classes; the refusal names the data field the
     user changed, not the model difference it causes."""
     rows = [f"review {i},{'pos' if i % 2 else 'neg'}" for i in range(200)] + ["review x,meh"]
