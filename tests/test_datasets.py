@@ -121,6 +121,7 @@ def test_no_network_is_one_line_in_seconds_not_minutes_of_retries(name, tmp_path
         raise OSError("[Errno -2] Name or service not known")
 
     monkeypatch.setattr(datasets.socket, "create_connection", refuse)
+    monkeypatch.setattr(datasets.urllib.request, "getproxies", dict)  # even where CI has one
     with pytest.raises(UserError) as e:
         datasets.load_splits(_cfg(dataset=name, data_dir=str(tmp_path)), ("test",))
     host = datasets.DOWNLOAD_HOSTS[name][0]
@@ -128,6 +129,19 @@ def test_no_network_is_one_line_in_seconds_not_minutes_of_retries(name, tmp_path
     assert "Name or service not known" in str(e.value) and "\n" not in str(e.value)
     assert asked == [(datasets.DOWNLOAD_HOSTS[name], 10.0)]
     assert not any(tmp_path.iterdir())  # nothing half-prepared is left behind
+
+
+def test_behind_a_proxy_the_download_is_left_to_tfds(tmp_path, monkeypatch):
+    # A direct connection may be refused where the proxied download works.
+    monkeypatch.setenv("https_proxy", "http://proxy.invalid:3128")
+    monkeypatch.setattr(datasets.socket, "create_connection", _refuse)
+    with tfds.testing.mock_data(num_examples=10):
+        got = datasets.load_splits(_cfg(dataset="imdb_reviews", data_dir=str(tmp_path)), ("test",))
+    assert len(got["test"][0]) == 10
+
+
+def _refuse(address, timeout):
+    raise OSError("[Errno -2] Name or service not known")
 
 
 def test_download_hosts_are_where_tfds_downloads_from():

@@ -18,12 +18,13 @@ point it at a mounted Drive folder to prepare once); IMDB is an 80 MB download, 
 TFDS 4.9.10 imports the `importlib_resources` backport while preparing any builder, so
 requirements.txt pins it.
 Without a network, a dataset not yet prepared stops in one line within seconds: its download host
-is tried first, where TFDS alone would retry for minutes. The tests run both datasets on
-`tfds.testing.mock_data`.
+is tried first (unless a proxy is set), where TFDS alone would retry for minutes. The tests run
+both datasets on `tfds.testing.mock_data`.
 """
 
 import logging
 import socket
+import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -159,7 +160,8 @@ def _aclimdb(path: str, splits: Sequence[str]) -> dict[str, Examples]:
 def _data_source(name: str, split: str, data_dir: str | None) -> Any:
     if name == "glue/sst2":
         import tensorflow_datasets.text.glue  # noqa: F401  (registers "glue"; not done by default)
-    if name in DOWNLOAD_HOSTS:
+    # Behind a proxy a direct connection may fail where the download would not: TFDS decides.
+    if name in DOWNLOAD_HOSTS and not urllib.request.getproxies():
         builder = tfds.builder(name, data_dir=data_dir, file_format="array_record")
         if not builder.is_prepared() and (why := unreachable(*DOWNLOAD_HOSTS[name])):
             raise UserError(
