@@ -23,6 +23,8 @@ from experiments.cli import UserError
 from experiments.data import datasets, encoding, user_files
 from experiments.data.splits import SPLITS
 
+_FLAGS = user_files.Flags("--path", "--text_field", "--label_field")  # named in file errors
+
 
 def evaluate_workdir(workdir: str, split: str, which: str = checkpoints.BEST) -> dict:
     """Evaluates the workdir's `which` checkpoint on `split` and writes DIR/eval_<split>.json."""
@@ -55,7 +57,7 @@ def evaluate_file(
     options = datasets.file_options(d) | {"label_names": trained.label_names}
     options["text_field"] = text_field or options["text_field"]
     options["label_field"] = label_field or options["label_field"]
-    parts = user_files.load(path, **options, field_flags=("--text_field", "--label_field"))
+    parts = user_files.load(path, **options, flags=_FLAGS)
     texts = [t for s in SPLITS for t in parts[s][0]]
     labels = np.concatenate([parts[s][1] for s in SPLITS])
     add_cls = trained.cfg.pooling == "cls"

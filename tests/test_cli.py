@@ -76,15 +76,16 @@ def test_evaluate_on_a_labelled_file_matches_the_split_it_holds(trained_copy, tm
     assert got["loss"] == pytest.approx(split["loss"], rel=1e-5) and got["path"] == str(path)
     assert f"{path} (every row)" in proc.stdout and "eval_file_held.json" in proc.stdout
     # The training run's column names by default; labels the model does not know are bad rows.
-    # ... and the message names this command's flag, not the training config's field.
+    # ... and the message names this command's flags, not the training config's fields.
     assert_one_line_error(
-        run_here("experiments.evaluate", *argv, capsys=capsys), "no column 'text' (--text_field)"
+        run_here("experiments.evaluate", *argv, capsys=capsys),
+        f"error: --path={str(path)!r}: no column 'text' (--text_field)",
     )
     path.write_text(
         "text,label\n" + "".join(f"{t},{y}\n" for t, y in zip("好差", "10", strict=True))
     )
     assert_one_line_error(
-        run_here("experiments.evaluate", *argv, capsys=capsys), "unknown label '1'"
+        run_here("experiments.evaluate", *argv, capsys=capsys), "--path=", "unknown label '1'"
     )
 
 

@@ -29,6 +29,7 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -41,6 +42,17 @@ _LINE_END = re.compile(r"\r\n|\r|\n")
 
 # (where, text, label, split hint, error): text/label None when missing; error set when unparsable.
 Row = tuple[str, "str | None", "str | None", "str | None", "str | None"]
+
+
+class Flags(NamedTuple):
+    """How the caller's command line names the file and its two columns, for error messages."""
+
+    path: str = "data.path"
+    text_field: str = "data.text_field"
+    label_field: str = "data.label_field"
+
+
+CONFIG_FLAGS = Flags()  # training reads the file through config.data
 
 
 def load_splits(
@@ -80,26 +92,24 @@ def load(
     label_field: str = "label",
     max_bad_fraction: float = 0.01,
     label_names: Sequence[str] | None = None,
-    field_flags: tuple[str, str] = ("data.text_field", "data.label_field"),
+    flags: Flags = CONFIG_FLAGS,
 ) -> dict[str, tuple[list[str], np.ndarray, tuple[str, ...]]]:
-    """All three splits of a user's data: {split: (texts, labels int32 [N], label names)}.
-
-    `field_flags` names the settings of `text_field` and `label_field` in the caller's command
-    line, for the message about a missing column."""
+    """All three splits of a user's data: {split: (texts, labels int32 [N], label names)}."""
     if not 0.0 <= max_bad_fraction <= 1.0:
         raise UserError(f"data.max_bad_fraction must be in [0, 1], got {max_bad_fraction!r}")
     if not str(path or "").strip():
-        raise UserError("data.path is empty: set it to a CSV/TSV/JSONL file or a folder")
+        raise UserError(f"{flags.path} is empty: set it to a CSV/TSV/JSONL file or a folder")
+    named = f"{flags.path}={path!r}"  # how every message names the file
     p = Path(path)
     if not p.exists():
-        raise UserError(f"data.path={path!r} does not exist")
+        raise UserError(f"{named} does not exist")
     if p.is_dir():
-        rows = _folder_rows(p)
+        rows = _folder_rows(p, named)
     elif p.suffix.lower() in FILE_SUFFIXES:
-        rows = _file_rows(p, (text_field, label_field), field_flags)
+        rows = _file_rows(p, named, (text_field, label_field), flags)
     else:
         raise UserError(
-            f"data.path={path!r}: unknown file type {p.suffix!r}; expected a folder or one of "
+            f"{named}: unknown file type {p.suffix!r}; expected a folder or one of "
             f"{', '.join(FILE_SUFFIXES)}"
         )
 
@@ -107,17 +117,17 @@ def load(
     if bad:
         shown = "; ".join(f"{where}: {why}" for where, why in bad[:_SHOW_BAD])
         more = f" (and {len(bad) - _SHOW_BAD} more)" if len(bad) > _SHOW_BAD else ""
-        msg = f"data.path={path!r}: {len(bad)} of {len(rows)} rows malformed: {shown}{more}"
+        msg = f"{named}: {len(bad)} of {len(rows)} rows malformed: {shown}{more}"
         if len(bad) > max_bad_fraction * len(rows):
             raise UserError(f"{msg}; that is more than data.max_bad_fraction={max_bad_fraction}")
         _warn(f"{msg}; skipped them")
 
     if not label_names:
-        _warn_single_labels(path, rows, good)
+        _warn_single_labels(named, rows, good)
     names = tuple(label_names) if label_names else tuple(sorted({lab for _, lab, _ in good}))
     if len(names) < 2:
         raise UserError(
-            f"data.path={path!r}: every row has the label {names[0]!r}; a classifier needs at "
+            f"{named}: every row has the label {names[0]!r}; a classifier needs at "
             "least two labels (is the file sorted by label and cut short?)"
         )
     ids = {name: i for i, name in enumerate(names)}
@@ -130,7 +140,7 @@ def load(
     return {s: (t, np.asarray(y, np.int32), names) for s, (t, y) in out.items()}
 
 
-def _warn_single_labels(path: str, rows: list[Row], good: list) -> None:
+def _warn_single_labels(named: str, rows: list[Row], good: list) -> None:
     """A label that occurs once among many rows is most likely a typo (`neutral` among pos/neg,
     `Pos` for `pos`), yet it would become a class of its own: say which row has it."""
     counts = collections.Counter(label for _, label, _ in good)
@@ -141,7 +151,7 @@ def _warn_single_labels(path: str, rows: list[Row], good: list) -> None:
         if n == 1:
             where = next(r[0] for r in rows if r[2] is not None and r[2].strip() == label)
             _warn(
-                f"data.path={path!r}: label {label!r} occurs only once ({where}); it "
+                f"{named}: label {label!r} occurs only once ({where}); it "
                 "becomes a class of its own. Fix the row, or skip it with "
                 f'--config.data.label_names="{common!r}"'
             )
@@ -220,27 +230,27 @@ def _not_text(raw: bytes) -> str | None:
     return None
 
 
-def _read_text_file(p: Path) -> str:
+def _read_text_file(p: Path, named: str) -> str:
     raw = p.read_bytes()
     if not raw.strip():
-        raise UserError(f"data.path={str(p)!r} is empty")
+        raise UserError(f"{named} is empty")
     if why := _not_text(raw):
-        raise UserError(f"data.path={str(p)!r} {why}")
+        raise UserError(f"{named} {why}")
     return _decode(raw)
 
 
-def _file_rows(p: Path, fields: tuple[str, str], flags: tuple[str, str]) -> list[Row]:
-    """Rows of a CSV/TSV/JSONL file; `fields` are the text and label columns, `flags` their
-    settings' names for the error messages."""
-    text = _read_text_file(p)
+def _file_rows(p: Path, named: str, fields: tuple[str, str], flags: Flags) -> list[Row]:
+    """Rows of a CSV/TSV/JSONL file; `fields` are the text and label columns, `named` and
+    `flags` how messages name the file and its columns."""
+    text = _read_text_file(p, named)
     suffix = p.suffix.lower()
     if suffix in (".jsonl", ".ndjson"):
-        return _jsonl_rows(str(p), text, fields, flags)
-    return _table_rows(str(p), text, fields, flags, tsv=suffix == ".tsv")
+        return _jsonl_rows(named, text, fields, flags)
+    return _table_rows(named, text, fields, flags, tsv=suffix == ".tsv")
 
 
 def _table_rows(
-    path: str, text: str, fields: tuple[str, str], flags: tuple[str, str], *, tsv: bool
+    named: str, text: str, fields: tuple[str, str], flags: Flags, *, tsv: bool
 ) -> list[Row]:
     text_field, label_field = fields
     if tsv:
@@ -259,11 +269,10 @@ def _table_rows(
             if sep
             else ""
         )
-        for field, flag in zip(fields, flags, strict=True):
+        for field, flag in zip(fields, (flags.text_field, flags.label_field), strict=True):
             if field not in header:
                 raise UserError(
-                    f"data.path={path!r}: no column {field!r} ({flag}); the header has "
-                    f"{header}{hint}"
+                    f"{named}: no column {field!r} ({flag}); the header has {header}{hint}"
                 )
         ti, li = header.index(text_field), header.index(label_field)
         rows: list[Row] = []
@@ -275,13 +284,13 @@ def _table_rows(
                 rows.append((f"line {start}", text_v, label_v, None, None))
             start = reader.line_num + 1
     except csv.Error as e:
-        raise UserError(f"data.path={path!r}: unreadable at line {reader.line_num}: {e}") from e
+        raise UserError(f"{named}: unreadable at line {reader.line_num}: {e}") from e
     if not rows:
-        raise UserError(f"data.path={path!r} has a header but no data rows")
+        raise UserError(f"{named} has a header but no data rows")
     return rows
 
 
-def _jsonl_rows(path: str, text: str, fields: tuple[str, str], flags: tuple[str, str]) -> list[Row]:
+def _jsonl_rows(named: str, text: str, fields: tuple[str, str], flags: Flags) -> list[Row]:
     text_field, label_field = fields
     rows: list[Row] = []
     keys: set[str] = set()  # of the rows that are JSON objects
@@ -311,15 +320,15 @@ def _jsonl_rows(path: str, text: str, fields: tuple[str, str], flags: tuple[str,
             continue
         rows.append((where, t, None if lab is None else str(lab), None, None))
     if not rows:
-        raise UserError(f"data.path={path!r} is empty")
+        raise UserError(f"{named} is empty")
     # Only when some row is an object: otherwise the malformed-row report says what is wrong.
-    for field, flag in zip(fields, flags, strict=True):
+    for field, flag in zip(fields, (flags.text_field, flags.label_field), strict=True):
         if objects and field not in keys:
-            raise UserError(f"data.path={path!r}: no row has the field {field!r} ({flag})")
+            raise UserError(f"{named}: no row has the field {field!r} ({flag})")
     return rows
 
 
-def _folder_rows(root: Path) -> list[Row]:
+def _folder_rows(root: Path, named: str) -> list[Row]:
     split_dirs = [s for s in SPLITS if (root / s).is_dir()]
     parts = [(root / s, s) for s in split_dirs] if split_dirs else [(root, None)]
     rows: list[Row] = []
@@ -330,7 +339,5 @@ def _folder_rows(root: Path) -> list[Row]:
                 where = os.path.relpath(f, root)
                 rows.append((where, _decode(raw), label_dir.name, hint, None))
     if not rows:
-        raise UserError(
-            f"data.path={str(root)!r} has no <label>/*.txt files (nor train/<label>/*.txt)"
-        )
+        raise UserError(f"{named} has no <label>/*.txt files (nor train/<label>/*.txt)")
     return rows
