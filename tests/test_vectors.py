@@ -172,8 +172,9 @@ def test_token_coverage_and_summary(tmp_path):
     assert f"model.embeddings_from={path!r}: 2 of 3 words (66.7%) have a vector" in line
     assert "(1 exact, 1 case-folded), 74.8% of training tokens; 4-d as is" in line
     assert "training tokens" not in _load(path, vocab, 4).summary()
-    with pytest.raises(ValueError, match="token_counts"):
-        _load(path, vocab, 4, token_counts=counts[:-1])
+    for bad in (counts[:-1], [100, 0, 5, 0, 0, 0]):
+        with pytest.raises(ValueError, match="token_counts"):
+            _load(path, vocab, 4, token_counts=bad)
 
 
 def test_char_vocabulary_of_chinese_characters(tmp_path):
@@ -243,7 +244,7 @@ ROWS = _lines(["the", "film", "plot"], _vecs(3, 3))
             "line 4 has a number that is not finite",
         ),
         ("none.txt", ["x 1 2 3", "y 3 4 5"], "none of the 3 vocabulary words has a row in its 2"),
-        ("same.txt", ["the 1 2 3", "film 1 2 3", "plot 1 2 3"], "found are all equal"),
+        ("same.txt", ["the .1 .7 .3", "film .1 .7 .3", "plot .1 .7 .3"], "found are all equal"),
         ("vectors.bin", ["3 3", *ROWS], r"binary word2vec/fastText \(\.bin\) is not read"),
         ("renamed.txt", b"3 3\nthe \x00\x00\x80?\xcd\xcc\xcc=\n", "line 2 has NUL bytes: a binary"),
         ("cut.txt.gz", gzip.compress(b"the 1 2 3\n" * 100)[:-20], "unreadable"),

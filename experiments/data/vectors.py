@@ -2,15 +2,18 @@
 
 Files: the word2vec / GloVe / fastText text format, one row per line: the word, then D numbers,
 separated by single spaces (0x20: a word may hold other whitespace, such as U+00A0). word2vec and
-fastText (`.vec`) begin with a header line "N D"; GloVe has none. A gzip file (`.gz`, found by its
-magic bytes) is read the same. UTF-8; CRLF endings and a trailing space (fastText) are fine.
-Binary word2vec / fastText (`.bin`) is refused: convert it to text first.
+fastText (`.vec`) begin with a header line "N D" (a first line of two integers); GloVe has none,
+and its first row sets D. A row with more than D + 1 fields is a word with spaces in it (GloVe
+840B has a few): its last D fields are the vector. A gzip file (`.gz`, found by its magic bytes) is
+read the same. UTF-8; CRLF endings and a trailing space (fastText) are fine.
 
 Matching: each vocabulary token is looked up exactly; a token without an exact row takes the first
-row (in file order, which is frequency order in the common files) whose word lower-cases to the
-same string, in either direction: vocab "Paris" takes file "paris", vocab "paris" takes "Paris".
-The reserved ids PAD, UNK, CLS never take a file row (a file may have "<unk>", which means
-something else there).
+row (in file order, which is frequency order in the common files) whose word lower-cases
+(str.lower, as the tokenizer's `lowercase` does) to the same string, in either direction: vocab
+"Paris" takes file "paris", vocab "paris" takes "Paris". So a lower-cased vocabulary and a cased
+one need no flag. The reserved ids PAD, UNK, CLS never take a file row (a file may have "<unk>",
+which means something else there). A char vocabulary (Chinese characters) matches the same way,
+one token string per row.
 
 Rows the file gives are centred (their mean is a direction shared by all words, which carries no
 meaning for a classifier), brought to d_model dims, and scaled by one factor so their RMS is the
@@ -21,14 +24,22 @@ Width D -> d_model:
   D >  d_model  PCA: the top d_model principal directions of the rows the vocabulary found
   D <  d_model  a random (seeded) orthonormal embedding of the D dims into d_model: an isometry,
                 so the found rows keep all their geometry; the other directions start empty
-Every other row (PAD, UNK, CLS and the words the file lacks) is the model's own init,
-`layers.embed_init` ~ N(0, 1) under `seed`: padding is masked everywhere, so PAD's row only has to
-be what the model would have had, and UNK / CLS / missing words learn from a neutral start.
+Every other row (PAD, UNK, CLS and the words the file lacks) is the model's init distribution:
+row i of `layers.embed_init(jax.random.key(seed), V, d_model)`. Padding is masked everywhere, so
+PAD's row only has to be what the model would have had; UNK, CLS and missing words learn from the
+same start as without a file.
 
 The file is streamed once; only rows whose word (or its lower-case form) is in the vocabulary are
 kept, so memory is about that many vectors. The numbers are parsed on those rows alone: a bad
 number elsewhere cannot change the table, and parsing every row would take about three times as
 long. Every row's field count is checked.
+
+Errors (one line, naming the file and, for a row, its line number): no such file, an empty file or
+a header without rows, a header whose width or row count the rows contradict, a row with fewer
+than D numbers, a kept row with a non-number or a non-finite number, NUL bytes (binary), a `.bin`
+name (binary word2vec / fastText: convert it to text first), no vocabulary word found. Not errors
+but counted in `summary()`: a repeated word (the first row is kept), a word that is not UTF-8
+(no token can equal it: skipped).
 """
 
 import dataclasses
@@ -75,7 +86,7 @@ class Loaded:
 
     @property
     def coverage(self) -> float:
-        return self.found / self.words if self.words else 0.0
+        return self.found / self.words
 
     def summary(self) -> str:
         """One line for the train log."""
@@ -124,8 +135,10 @@ def load(
     if tuple(vocab[: len(RESERVED)]) != RESERVED:
         raise ValueError(f"vocab must start with {RESERVED}, got {tuple(vocab[:3])}")
     counts_V = None if token_counts is None else np.asarray(token_counts, np.int64)
-    if counts_V is not None and (counts_V.shape != (len(vocab),) or counts_V.sum() == 0):
-        raise ValueError(f"token_counts must be [{len(vocab)}] counts, not all 0")
+    if counts_V is not None:
+        text = counts_V.sum() - counts_V[PAD] - counts_V[CLS] if counts_V.ndim == 1 else 0
+        if counts_V.shape != (len(vocab),) or text <= 0:
+            raise ValueError(f"token_counts must be [{len(vocab)}] counts of text tokens")
     named = f"{FLAG}={path!r}"
     p = Path(path)
     if not p.is_file():
@@ -159,18 +172,15 @@ def load(
             f"{scan.rows:,} (wrong language, or a tokenizer with another vocabulary?)"
         )
 
-    rng = np.random.default_rng(seed)
-    rows_NxM, projection, kept = _project(np.stack(chosen), d_model, rng)
-    rms = float(np.sqrt(np.mean(np.square(rows_NxM))))
-    if rms == 0.0:
+    x_NxD = np.stack(chosen)
+    if (x_NxD == x_NxD[0]).all():  # nothing left once centred
         raise UserError(f"{named}: the {len(chosen):,} vectors the vocabulary found are all equal")
+    rows_NxM, projection, kept = _project(x_NxD, d_model, np.random.default_rng(seed))
+    rms = float(np.sqrt(np.mean(np.square(rows_NxM))))
     table_VxD = np.array(layers.embed_init(jax.random.key(seed), V, d_model), np.float32)
     table_VxD[found_V] = rows_NxM * (INIT_STDDEV / rms)
 
-    token_coverage = None
-    if counts_V is not None:
-        text = counts_V.sum() - counts_V[PAD] - counts_V[CLS]
-        token_coverage = float(counts_V[found_V].sum() / text) if text else 0.0
+    token_coverage = None if counts_V is None else float(counts_V[found_V].sum() / text)
     return Loaded(
         table_VxD=table_VxD,
         found_V=found_V,
@@ -221,25 +231,27 @@ def _scan(p: Path, named: str, ids: dict, keys: dict, progress: bool) -> _Scan:
     scan = _Scan({}, {})
     header_rows = None
     source = ""  # where the width comes from, for messages
-    for lineno, fields in _lines(p, named, progress):
+    for lineno, line in _lines(p, named, progress):
+        # Counting spaces, not splitting, on every line: most rows are not kept.
+        numbers = line.count(b" ")
         if not scan.dim:  # the first line: a header "N D", or a GloVe row that sets D
-            if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit():
-                header_rows, scan.dim = int(fields[0]), int(fields[1])
+            first = line.split(b" ")
+            if numbers == 1 and first[0].isdigit() and first[1].isdigit():
+                header_rows, scan.dim = int(first[0]), int(first[1])
                 source = f"the header (line {lineno}) says {scan.dim}"
                 if scan.dim == 0:
                     raise UserError(f"{named}: the header (line {lineno}) says 0 numbers a row")
                 continue
-            scan.dim = len(fields) - 1
+            scan.dim = numbers
             source = f"line {lineno} has {scan.dim}"
             if scan.dim == 0:
                 raise UserError(f"{named}: line {lineno} has a word but no numbers")
         dim = scan.dim
-        numbers = len(fields) - 1
         if numbers < dim or (numbers > dim and not scan.rows and header_rows is not None):
             raise UserError(f"{named}: line {lineno} has {numbers} numbers where {source}")
         scan.rows += 1
         # More fields than D + 1: a word with spaces in it (GloVe 840B has a few).
-        raw = fields[0] if numbers == dim else b" ".join(fields[: numbers - dim + 1])
+        raw = line[: line.index(b" ")] if numbers == dim else line.rsplit(b" ", dim)[0]
         try:
             word = raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -251,10 +263,11 @@ def _scan(p: Path, named: str, ids: dict, keys: dict, progress: bool) -> _Scan:
         if i is not None and i in scan.exact:
             scan.duplicates += 1
             continue
+        fields = line.split(b" ")[-dim:]
         try:
-            vec = np.array(fields[-dim:], np.float32)
+            vec = np.array(fields, np.float32)
         except ValueError:
-            bad = next(f for f in fields[-dim:] if not _is_float(f))
+            bad = next(f for f in fields if not _is_float(f))
             raise UserError(
                 f"{named}: line {lineno}: {bad.decode('utf-8', 'replace')!r} is not a number"
             ) from None
@@ -284,8 +297,8 @@ def _is_float(field: bytes) -> bool:
         return False
 
 
-def _lines(p: Path, named: str, progress: bool) -> Iterator[tuple[int, list[bytes]]]:
-    """(line number, fields split on single spaces) of each non-blank line."""
+def _lines(p: Path, named: str, progress: bool) -> Iterator[tuple[int, bytes]]:
+    """(line number, line without its end and trailing spaces) of each non-blank line."""
     size = p.stat().st_size
     with open(p, "rb") as raw:
         gz = raw.read(2) == b"\x1f\x8b"
@@ -311,7 +324,7 @@ def _lines(p: Path, named: str, progress: bool) -> Iterator[tuple[int, list[byte
                         )
                     line = line.rstrip(b"\r\n ")
                     if line:
-                        yield lineno, line.split(b" ")
+                        yield lineno, line
             except (OSError, EOFError) as e:  # a corrupt or cut-short gzip stream
                 raise UserError(f"{named}: unreadable: {e}") from None
             bar.update(size - bar.n)
