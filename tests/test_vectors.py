@@ -100,18 +100,19 @@ def test_missing_words_and_reserved_ids_are_the_model_init(tmp_path):
 
 
 def test_case_folding_both_ways_and_exact_first(tmp_path):
-    file_words = ["paris", "London", "berlin", "Berlin", "ROME", "Rome", "oslo"]
+    file_words = ["paris", "London", "berlin", "Berlin", "ROME", "Rome", "oslo", "Éclair"]
     vecs = _vecs(len(file_words), 3)
     path = _write(tmp_path, "v.txt", _lines(file_words, vecs))
-    vocab = ["Paris", "london", "Berlin", "rome", "OSLO", "oslo", "madrid"]
+    vocab = ["Paris", "london", "Berlin", "rome", "OSLO", "oslo", "éclair", "madrid"]
     got = _load(path, vocab, 3)
     # Paris <- paris, london <- London, Berlin exact (not the earlier berlin), rome <- ROME
-    # (the first of its case variants), OSLO <- oslo, oslo exact; madrid has no row.
-    rows = ["paris", "London", "Berlin", "ROME", "oslo", "oslo"]
-    assert (got.exact, got.folded, got.found) == (2, 4, 6)
-    assert got.coverage == pytest.approx(6 / 7)
+    # (the first of its case variants), OSLO <- oslo, oslo exact, éclair <- Éclair; madrid has
+    # no row.
+    rows = ["paris", "London", "Berlin", "ROME", "oslo", "oslo", "Éclair"]
+    assert (got.exact, got.folded, got.found) == (2, 5, 7)
+    assert got.coverage == pytest.approx(7 / 8)
     want = _expected(vecs[[file_words.index(w) for w in rows]])
-    np.testing.assert_allclose(got.table_VxD[3:9], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got.table_VxD[3:10], want, rtol=1e-5, atol=1e-6)
     assert not got.found_V[-1]
 
 
