@@ -31,7 +31,7 @@ def _write(tmp_path, name, lines, *, header=None, end="\n") -> str:
     head = [header] if header else []
     text = "".join(line + end for line in head + lines).encode("utf-8")
     p = tmp_path / name
-    p.write_bytes(gzip.compress(text) if name.endswith(".gz") else text)
+    p.write_bytes(gzip.compress(text, mtime=0) if name.endswith(".gz") else text)
     return str(p)
 
 
@@ -217,40 +217,40 @@ def test_numbers_are_parsed_only_on_rows_the_vocabulary_keeps(tmp_path):
 ROWS = _lines(["the", "film", "plot"], _vecs(3, 3))
 
 
-@pytest.mark.parametrize(
-    "name, content, message",
-    [
-        ("empty.txt", b"", "is empty"),
-        ("blank.txt", b"\n\n  \n", "is empty"),
-        ("header.txt", b"3 3\n", "has a header but no vector rows"),
-        ("zero.txt", b"3 0\n", r"the header \(line 1\) says 0 numbers a row"),
-        (
-            "wide.txt",
-            ["3 300", *ROWS],
-            r"line 2 has 3 numbers where the header \(line 1\) says 300",
-        ),
-        ("narrow.txt", ["3 2", *ROWS], r"line 2 has 3 numbers where the header \(line 1\) says 2"),
-        ("count.txt", ["5 3", *ROWS], "the header says 5 rows but the file has 3 .cut short"),
-        ("short.txt", [*ROWS, "awful 0.1 0.2"], "line 4 has 2 numbers where line 1 has 3"),
-        (
-            "short.vec",
-            ["4 3", *ROWS, "plot 1"],
-            r"line 5 has 1 numbers where the header \(line 1\)",
-        ),
-        ("word.txt", ["the", *ROWS], "line 1 has a word but no numbers"),
-        ("nonfloat.txt", [*ROWS[:2], "plot 0.1 0,2 0.3"], r"line 3: '0,2' is not a number"),
-        (
-            "nan.txt",
-            ["3 3", *ROWS[:2], "plot 0.1 nan 0.3"],
-            "line 4 has a number that is not finite",
-        ),
-        ("none.txt", ["x 1 2 3", "y 3 4 5"], "none of the 3 vocabulary words has a row in its 2"),
-        ("same.txt", ["the .1 .7 .3", "film .1 .7 .3", "plot .1 .7 .3"], "found are all equal"),
-        ("vectors.bin", ["3 3", *ROWS], r"binary word2vec/fastText \(\.bin\) is not read"),
-        ("renamed.txt", b"3 3\nthe \x00\x00\x80?\xcd\xcc\xcc=\n", "line 2 has NUL bytes: a binary"),
-        ("cut.txt.gz", gzip.compress(b"the 1 2 3\n" * 100)[:-20], "unreadable"),
-    ],
-)
+MALFORMED = [
+    ("empty.txt", b"", "is empty"),
+    ("blank.txt", b"\n\n  \n", "is empty"),
+    ("header.txt", b"3 3\n", "has a header but no vector rows"),
+    ("zero.txt", b"3 0\n", r"the header \(line 1\) says 0 numbers a row"),
+    (
+        "wide.txt",
+        ["3 300", *ROWS],
+        r"line 2 has 3 numbers where the header \(line 1\) says 300",
+    ),
+    ("narrow.txt", ["3 2", *ROWS], r"line 2 has 3 numbers where the header \(line 1\) says 2"),
+    ("count.txt", ["5 3", *ROWS], "the header says 5 rows but the file has 3 .cut short"),
+    ("short.txt", [*ROWS, "awful 0.1 0.2"], "line 4 has 2 numbers where line 1 has 3"),
+    (
+        "short.vec",
+        ["4 3", *ROWS, "plot 1"],
+        r"line 5 has 1 numbers where the header \(line 1\)",
+    ),
+    ("word.txt", ["the", *ROWS], "line 1 has a word but no numbers"),
+    ("nonfloat.txt", [*ROWS[:2], "plot 0.1 0,2 0.3"], r"line 3: '0,2' is not a number"),
+    (
+        "nan.txt",
+        ["3 3", *ROWS[:2], "plot 0.1 nan 0.3"],
+        "line 4 has a number that is not finite",
+    ),
+    ("none.txt", ["x 1 2 3", "y 3 4 5"], "none of the 3 vocabulary words has a row in its 2"),
+    ("same.txt", ["the .1 .7 .3", "film .1 .7 .3", "plot .1 .7 .3"], "found are all equal"),
+    ("vectors.bin", ["3 3", *ROWS], r"binary word2vec/fastText \(\.bin\) is not read"),
+    ("renamed.txt", b"3 3\nthe \x00\x00\x80?\xcd\xcc\xcc=\n", "line 2 has NUL bytes: a binary"),
+    ("cut.txt.gz", gzip.compress(b"the 1 2 3\n" * 100, mtime=0)[:-20], "unreadable"),
+]
+
+
+@pytest.mark.parametrize("name, content, message", MALFORMED, ids=[m[0] for m in MALFORMED])
 def test_malformed_files_are_one_line_errors(tmp_path, name, content, message):
     p = tmp_path / name
     p.write_bytes(content if isinstance(content, bytes) else ("\n".join(content) + "\n").encode())
