@@ -37,6 +37,8 @@ MEANINGS = {
     "-1 = from the data",
     "data.bag_len": "tokens per text the bag reads (cut as max_len is), >= max_len; 0 = the same "
     "as attention; -1 = from the data",
+    "data.unlabeled": "more texts to pretrain on: .txt (a text per line), .csv/.tsv/.jsonl "
+    "(data.text_field), a folder (aclImdb's unsup/) or tfds:<name>:<split>",
     "data.buckets": "lengths a batch is padded to (one compiled program each)",
     "data.batch_size": "training examples per step, over all devices",
     "data.eval_batch_size": "examples per evaluation batch, over all devices",
@@ -60,6 +62,10 @@ MEANINGS = {
     "model.bag_buckets": "rows of the linear model on the bag of hashed n-grams; 0 = none",
     "model.bag_orders": "n of the bag's n-grams",
     "model.bag_dropout": "fraction of the bag's n-grams dropped in training",
+    "model.init_from": "start the encoder from this workdir's (pretraining or trained), with its "
+    "tokenizer; empty = random",
+    "model.embeddings_from": "start the token embeddings from this word-vector file (word2vec, "
+    "GloVe or fastText text format, .gz too); empty = random",
     "optim.learning_rate": "AdamW peak learning rate",
     "optim.warmup_steps": "linear warmup steps before the cosine decay; -1 = from the data",
     "optim.weight_decay": "AdamW decoupled weight decay",
@@ -81,6 +87,17 @@ MEANINGS = {
     "train.log_every_steps": "metrics.jsonl and TensorBoard interval",
     "train.max_steps": "total steps; 0 = num_epochs in full",
     "train.baseline": "also fit TF-IDF + logistic regression on the same split; print both",
+    "train.patience": "stop after this many evaluations in a row without a better validation "
+    "accuracy; 0 = never",
+    "pretrain.num_epochs": "passes of masked-token pretraining over the training texts (and "
+    "data.unlabeled) that train runs first, into WORKDIR/pretrain; 0 = none",
+    "pretrain.max_steps": "pretraining steps; 0 = pretrain.num_epochs in full",
+    "pretrain.mask_rate": "share of each text's tokens hidden and predicted (80% shown as UNK, "
+    "10% as a random token, 10% as they are)",
+    "pretrain.learning_rate": "AdamW peak learning rate of pretraining",
+    "pretrain.warmup_steps": "linear warmup steps of pretraining",
+    "pretrain.eval_every_steps": "pretraining's validation interval (masked-token accuracy)",
+    "pretrain.checkpoint_every_steps": "pretraining's checkpoint interval",
 }
 
 
@@ -103,6 +120,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.data.max_len = 256
     config.data.tail_len = 0
     config.data.bag_len = 0  # the bag (model.bag_buckets > 0) reads what attention reads
+    config.data.unlabeled = ()  # more texts to pretrain on, besides the training split's
     config.data.buckets = (32, 64, 96, 128, 192, 256)
     config.data.batch_size = 32  # tuned on validation: +0.7 pt over 64 (one seed)
     config.data.eval_batch_size = 256
@@ -128,6 +146,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.bag_orders = (1, 2)
     config.model.bag_dropout = 0.0
     config.model.dtype = "float32"
+    config.model.init_from = ""  # a workdir whose encoder and tokenizer the run starts from
+    config.model.embeddings_from = ""  # a word-vector file the token embeddings start from
 
     config.optim = ml_collections.ConfigDict()
     config.optim.learning_rate = 5e-3  # tuned on validation: 1e-3 < 2e-3 < 5e-3
@@ -153,6 +173,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.train.log_every_steps = 20
     config.train.max_steps = 0  # 0 = run num_epochs in full
     config.train.baseline = True
+    config.train.patience = 0  # evaluations without improvement before stopping; 0 = never
+
+    # Masked-token pretraining of the encoder on the training texts, run by train before it
+    # trains the classifier when num_epochs > 0 (or alone by experiments.pretrain).
+    config.pretrain = ml_collections.ConfigDict()
+    config.pretrain.num_epochs = 0
+    config.pretrain.max_steps = 0
+    config.pretrain.mask_rate = 0.15
+    config.pretrain.learning_rate = 1e-3
+    config.pretrain.warmup_steps = 200
+    config.pretrain.eval_every_steps = 500
+    config.pretrain.checkpoint_every_steps = 500
 
     if arg == "tiny":
         config.data.max_len = 64
@@ -170,6 +202,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.train.checkpoint_every_steps = 3
         config.train.log_every_steps = 1
         config.train.baseline = False  # tests ask for it where they check it
+        config.pretrain.warmup_steps = 2
+        config.pretrain.eval_every_steps = 3
+        config.pretrain.checkpoint_every_steps = 3
     elif arg == "structured":
         config.model.pooling = "structured"
     config.lock()

@@ -28,17 +28,28 @@ from experiments import distributed, metrics
 from experiments.cli import UserError
 
 LAST, BEST = "checkpoints", "best"
+CLASSIFIER, MASKED_LM = "classifier", "masked_lm"  # what a run trains: meta["objective"]
 
 
-def new_meta(cfg: classifier.ModelConfig, label_names: Sequence[str], *, ema: bool) -> dict:
-    """The meta of a new run: its model config, whether its state holds a weight average ("ema"),
-    its label names; the train loop keeps "step" and "best_val_accuracy" up to date."""
+def new_meta(
+    cfg: classifier.ModelConfig,
+    label_names: Sequence[str],
+    *,
+    ema: bool,
+    objective: str = CLASSIFIER,
+) -> dict:
+    """The meta of a new run: its objective, model config, whether its state holds a weight
+    average ("ema"), its label names; the train loop keeps "step", "best_val_accuracy",
+    "best_val_loss" (None before any) and its early-stopping count up to date."""
     return {
+        "objective": objective,
         "model": dataclasses.asdict(cfg),
         "ema": ema,
         "label_names": list(label_names),
         "step": 0,
         "best_val_accuracy": metrics.NO_BEST,
+        "best_val_loss": None,
+        "stale_evaluations": 0,
     }
 
 
@@ -145,4 +156,4 @@ def _run_fields(meta: dict) -> dict:
     model = {
         k: list(v) if isinstance(v, tuple) else v for k, v in {**defaults, **meta["model"]}.items()
     }
-    return {**model, "ema": meta.get("ema", False)}
+    return {**model, "ema": meta.get("ema", False), "objective": meta.get("objective", CLASSIFIER)}

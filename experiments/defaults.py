@@ -8,7 +8,9 @@ in `config.json`; a field set to anything else is kept as given. The rules:
 
 - tokenizer: `char` when more than 30% of the non-space characters are CJK, else `word`.
 - max_len: the 95th percentile of the training texts' lengths in those tokens, rounded up to a
-  multiple of 32 and kept in [32, 512]; buckets at 1/4, 1/2, 3/4 and all of it.
+  multiple of 32 and kept in [32, 512], or [32, 256] when a bag whose length is also left to the
+  data reads the rest of a longer text (attention costs a row of L scores per token, the bag a
+  lookup); buckets at 1/4, 1/2, 3/4 and all of it.
 - tail_len: 3/4 of max_len, so a longer text keeps its first quarter and its end, where a review
   often gives its verdict.
 - bag_len (with a bag): the 99th percentile of the lengths, rounded up to max_len times a power of
@@ -56,9 +58,18 @@ def left_to_data(config: ml_collections.ConfigDict) -> set[str]:
 
 def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """`config` with every data-chosen field filled from the train split (printed on stderr)."""
+    config, said = choose(config)
+    if said:
+        print(said, file=sys.stderr)
+    return config
+
+
+def choose(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDict, str]:
+    """`resolve`'s config, and its line for the user ("" when the config leaves nothing to the
+    data), for a caller that prints it only once its other checks have passed."""
     auto = left_to_data(config)
     if not auto:
-        return config
+        return config, ""
     texts = datasets.load_splits(config.data, ("train",))["train"][0]
     out = ml_collections.ConfigDict(config.to_dict())
     d = out.data
@@ -73,9 +84,12 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         lengths = [len(split(s.strip())) for s in sample]
     if "data.max_len" in auto:
         p95 = float(np.percentile(lengths, 95))
-        d.max_len = int(min(max(32 * math.ceil(p95 / 32), 32), 512))
+        # Attention pays a row of L scores per token; with a bag to read the rest, it reads less.
+        cap = 256 if out.model.bag_buckets and "data.bag_len" in auto else 512
+        d.max_len = int(min(max(32 * math.ceil(p95 / 32), 32), cap))
         d.buckets = tuple(sorted({max(8, d.max_len * i // 4) for i in (1, 2, 3, 4)}))
-        said.append(f"max_len={d.max_len} (95% of texts have <= {p95:.0f} tokens)")
+        capped = f"; attention reads at most {cap}, the bag more" if p95 > cap else ""
+        said.append(f"max_len={d.max_len} (95% of texts have <= {p95:.0f} tokens{capped})")
     if "data.tail_len" in auto:
         d.tail_len = 3 * d.max_len // 4
         said.append(f"tail_len={d.tail_len}")
@@ -97,9 +111,8 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         if "train.checkpoint_every_steps" in auto:
             t.checkpoint_every_steps = 2 * t.eval_every_steps
             said.append(f"checkpoint_every_steps={t.checkpoint_every_steps}")
-    print(f"chosen from the data: {', '.join(said)}", file=sys.stderr)
     out.lock()
-    return out
+    return out, f"chosen from the data: {', '.join(said)}"
 
 
 def bag_len(lengths: list[int], max_len: int) -> int:

@@ -25,10 +25,16 @@ def confusion_metrics(confusion_CxC: np.ndarray) -> dict:
 NO_BEST = -1.0
 
 
-def improves(validation: dict, best_accuracy: float) -> bool:
-    """Whether an evaluation replaces the kept best checkpoint: strictly higher accuracy (the first
-    of equals stays) and a finite loss (a diverged model never becomes the best)."""
-    return validation["accuracy"] > best_accuracy and bool(np.isfinite(validation["loss"]))
+def improves(validation: dict, best_accuracy: float, best_loss: float | None = None) -> bool:
+    """Whether an evaluation replaces the kept best checkpoint (best_loss None: none kept yet, or
+    kept before losses were recorded): a finite loss (a diverged model never becomes the best) and
+    higher accuracy, or the same accuracy and a lower loss. On easy data accuracy can tie for
+    most of a run, and the earliest of equals was often the least trained."""
+    if not np.isfinite(validation["loss"]):
+        return False
+    if validation["accuracy"] != best_accuracy:
+        return validation["accuracy"] > best_accuracy
+    return best_loss is not None and validation["loss"] < best_loss
 
 
 def read(workdir: str) -> list[dict]:

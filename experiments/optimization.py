@@ -16,19 +16,28 @@ from experiments.cli import UserError
 _NEVER = 2**30
 
 
+# config.model fields that say where a run's parameters start (`warm_start`), not what the model is.
+RUN_FIELDS = ("init_from", "embeddings_from")
+
+
 def model_config(
     config: ml_collections.ConfigDict, vocab_size: int, num_classes: int
 ) -> classifier.ModelConfig:
     """The frozen model config: `config.model` plus what the data decides."""
+    fields = {k: v for k, v in config.model.to_dict().items() if k not in RUN_FIELDS}
     try:
         return classifier.ModelConfig(
-            vocab_size=vocab_size,
-            num_classes=num_classes,
-            max_len=config.data.max_len,
-            **config.model.to_dict(),
+            vocab_size=vocab_size, num_classes=num_classes, max_len=config.data.max_len, **fields
         )
     except (TypeError, ValueError) as e:
         raise UserError(f"config.model: {e}") from None
+
+
+def check_model(config: ml_collections.ConfigDict) -> None:
+    """config.model's mistakes before any data is read: the vocabulary, the classes and a length
+    left to the data are stood in for by valid values."""
+    probe = {"model": config.model.to_dict(), "data": {"max_len": max(config.data.max_len, 1)}}
+    model_config(ml_collections.ConfigDict(probe), vocab_size=4, num_classes=2)
 
 
 BAG_INITS = ("zeros", "naive_bayes")
@@ -38,7 +47,10 @@ def check_optim(optim: ml_collections.ConfigDict) -> None:
     """Optimizer settings outside their range fail here, by name, instead of as NaNs later."""
     rules = {
         "learning_rate": (lambda v: v > 0, "> 0"),
-        "warmup_steps": (lambda v: v >= 0 and float(v).is_integer(), "an integer >= 0"),
+        "warmup_steps": (
+            lambda v: v >= -1 and float(v).is_integer(),
+            "an integer >= 0 (or -1: from the data)",
+        ),
         "weight_decay": (lambda v: v >= 0, ">= 0"),
         "clip_norm": (lambda v: v > 0, "> 0"),
         "label_smoothing": (lambda v: 0 <= v < 1, "in [0, 1)"),
@@ -87,6 +99,42 @@ def loss_options(optim: ml_collections.ConfigDict) -> dict:
     }
 
 
+def init_params(
+    key: jax.Array,
+    cfg: classifier.ModelConfig,
+    *,
+    bag_VxC: jax.Array | None = None,
+    tokens_VxD: jax.Array | None = None,
+) -> dict:
+    """`classifier.init`'s params, with the bag's starting table bag_VxC instead of zeros and the
+    token embeddings tokens_VxD (e.g. pretrained word vectors) instead of random rows, if given."""
+    params = classifier.init(key, cfg)
+    for path, table in ((("bag",), bag_VxC), (("embed", "tokens"), tokens_VxD)):
+        if table is None:
+            continue
+        parent = params if len(path) == 1 else params[path[0]]
+        if table.shape != parent[path[-1]].shape:
+            raise ValueError(
+                f"{'/'.join(path)}: table {table.shape}, model {parent[path[-1]].shape}"
+            )
+        parent[path[-1]] = jnp.asarray(table, jnp.float32)
+    return params
+
+
+def state_of(params: dict, tx: optax.GradientTransformation, rng: jax.Array, *, ema: bool = False):
+    """A fresh train state of `params`: {"params", "opt_state", "step", "rng"} (rng: dropout and
+    whatever else a step draws), plus "ema" (a running average of params) if ema."""
+    state = {
+        "params": params,
+        "opt_state": tx.init(params),
+        "step": jnp.zeros([], jnp.int32),
+        "rng": rng,
+    }
+    if ema:  # a copy: a donated state may not hold one buffer twice
+        state["ema"] = jax.tree.map(jnp.copy, params)
+    return state
+
+
 def init_state(
     key: jax.Array,
     cfg: classifier.ModelConfig,
@@ -94,26 +142,13 @@ def init_state(
     *,
     ema: bool = False,
     bag_VxC: jax.Array | None = None,
+    tokens_VxD: jax.Array | None = None,
 ):
-    """{"params", "opt_state", "step", "rng"}, plus "ema" (a running average of params) if ema.
-
-    bag_VxC, if given, is the bag's starting table instead of zeros.
-    """
+    """The classifier's fresh train state (`state_of`); bag_VxC and tokens_VxD as in
+    `init_params`."""
     init_key, dropout_key = jax.random.split(key)
-    params = classifier.init(init_key, cfg)
-    if bag_VxC is not None:
-        if bag_VxC.shape != params["bag"].shape:
-            raise ValueError(f"bag table {bag_VxC.shape}, model {params['bag'].shape}")
-        params["bag"] = jnp.asarray(bag_VxC, jnp.float32)
-    state = {
-        "params": params,
-        "opt_state": tx.init(params),
-        "step": jnp.zeros([], jnp.int32),
-        "rng": dropout_key,
-    }
-    if ema:  # a copy: a donated state may not hold one buffer twice
-        state["ema"] = jax.tree.map(jnp.copy, params)
-    return state
+    params = init_params(init_key, cfg, bag_VxC=bag_VxC, tokens_VxD=tokens_VxD)
+    return state_of(params, tx, dropout_key, ema=ema)
 
 
 def eval_params(state: dict) -> Any:
@@ -229,6 +264,19 @@ def train_step(
     else:
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
         (loss, metrics), grads = grad_fn(state["params"], None)
+    return apply_gradients(state, grads, tx, {**metrics, "loss": loss}, ema_decay=ema_decay)
+
+
+def apply_gradients(
+    state: dict,
+    grads: Any,
+    tx: optax.GradientTransformation,
+    metrics: dict,
+    *,
+    ema_decay: float = 0.0,
+) -> tuple[dict, dict]:
+    """The state after one optimizer step on `grads` (unchanged params when they are not finite),
+    and `metrics` with what the train loop logs of the step itself."""
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     new_state = {**state, "params": params, "opt_state": opt_state, "step": state["step"] + 1}
@@ -236,7 +284,6 @@ def train_step(
         new_state["ema"] = _ema_update(state["ema"], params, state["step"], ema_decay)
     metrics = {
         **metrics,
-        "loss": loss,
         "grad_norm": optax.tree.norm(grads),
         "nonfinite_run": opt_state.notfinite_count,
         "nonfinite_total": opt_state.total_notfinite,

@@ -55,19 +55,19 @@ def token_ticks(ax: plt.Axes, axis: str, tokens: list[str]) -> None:
 def best_validation(rows: list[dict]) -> tuple[int, float] | None:
     """(step, accuracy) of the checkpoint training kept as best (`metrics.improves`, the rule
     training applies); None before any."""
-    best = None
+    best, best_loss = None, None
     for row in rows:
         if row["split"] == "validation" and metrics.improves(
-            row, metrics.NO_BEST if best is None else best[1]
+            row, metrics.NO_BEST if best is None else best[1], best_loss
         ):
-            best = (row["step"], row["accuracy"])
+            best, best_loss = (row["step"], row["accuracy"]), row["loss"]
     return best
 
 
-def plot_curves(workdir: str, path: str | None = None) -> str:
+def plot_curves(workdir: str, path: str | None = None, label: str = "") -> str:
     """Loss and accuracy against step for train and validation, as PNG at `path` (default
     DIR/curves.png), with the TF-IDF baseline's validation accuracy when the run fit it; returns
-    the path."""
+    the path. `label` names what the loss and accuracy are of (e.g. "masked-token")."""
     rows = metrics.read(workdir)
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4.8))
     for split, style in (("train", "-"), ("validation", "o-")):
@@ -98,7 +98,7 @@ def plot_curves(workdir: str, path: str | None = None) -> str:
         )
     for ax, name in ((ax_loss, "loss"), (ax_acc, "accuracy")):
         ax.set_xlabel("step")
-        ax.set_ylabel(name)
+        ax.set_ylabel(f"{label} {name}".strip())
         ax.grid(alpha=0.3)
         # Below the axes: inside, the legend sat on the curves it explains.
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=8, frameon=False)

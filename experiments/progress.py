@@ -51,7 +51,8 @@ class Window:
 
 
 class Progress(contextlib.AbstractContextManager):
-    """Logs train steps `start + 1 ... total_steps` of a run in `workdir` (see `metrics.Log`).
+    """Logs train steps `start + 1 ... total_steps` of a run in `workdir` (see `metrics.Log`);
+    `label` says what its accuracy and loss are of, when not labels (e.g. "masked-token").
 
     `push` hands over a step's metrics while they are still being computed; they are read when
     the next step has been dispatched, so the device never waits for the host. A log line every
@@ -66,8 +67,10 @@ class Progress(contextlib.AbstractContextManager):
         start: int,
         total_steps: int,
         last_good: Callable[[], int | None],
+        label: str = "",
     ):
         self.total_steps, self.last_good = total_steps, last_good
+        self.label = f"{label} " if label else ""  # what the validation line's figures are of
         self.log_every = config.train.log_every_steps
         self.max_nonfinite = config.optim.max_nonfinite
         primary = distributed.is_primary()
@@ -82,6 +85,7 @@ class Progress(contextlib.AbstractContextManager):
         )
         self.window = Window()
         self.pending: tuple[int, Any] | None = None
+        self.timed_steps = 0  # steps recorded in the bar's rate
 
     def timed(self, batches: Iterator) -> Iterator:
         """`batches`, counting the time spent in each next() as waiting for input."""
@@ -108,7 +112,15 @@ class Progress(contextlib.AbstractContextManager):
         if self.log:
             self.log.write(step, "validation", val)
             self.bar.write(
-                f"step {step}: validation accuracy {val['accuracy']:.4f} loss {val['loss']:.4f}"
+                f"step {step}: validation {self.label}accuracy {val['accuracy']:.4f} "
+                f"loss {val['loss']:.4f}"
+            )
+
+    def stop_early(self, step: int, patience: int) -> None:
+        if self.log:
+            self.bar.write(
+                f"step {step}: validation has not improved for {patience} evaluations "
+                f"(train.patience); stopping early, {self.total_steps - step} steps before the end"
             )
 
     def _record(self, step: int, m: Any) -> None:
@@ -120,7 +132,16 @@ class Progress(contextlib.AbstractContextManager):
                 f"checkpoint is step {self.last_good()}"
             )
         self.window.add(m)
-        self.bar.update(1)
+        if self.timed_steps:
+            self.bar.update(1)
+        else:
+            # A run's first step is mostly compiling: in the bar's rate it made the first ETA
+            # hours long. The bar's clock and rate start after it instead.
+            self.bar.n += 1
+            self.bar.initial = self.bar.last_print_n = self.bar.n
+            self.bar.start_t = self.bar.last_print_t = self.bar._time()
+            self.bar.refresh()
+        self.timed_steps += 1
         if step % self.log_every == 0 or step == self.total_steps:
             row = self.window.row(m)
             if self.log:

@@ -19,7 +19,6 @@ import time
 import jax
 import ml_collections
 from absl import flags
-from jax.experimental import multihost_utils
 from ml_collections import config_flags
 
 from experiments import (
@@ -31,37 +30,50 @@ from experiments import (
     devices,
     distributed,
     forward,
-    metrics,
+    loop,
     optimization,
     plots,
-    progress,
+    pretraining,
+    warm_start,
     workdirs,
 )
-from experiments.checkpoints import BEST, LAST
 from experiments.cli import UserError
 from experiments.data import batching, encoding
 from experiments.data.splits import SPLITS
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-    """Trains, keeps the best-on-validation checkpoint, and returns its test metrics."""
-    config = defaults.resolve(config)
-    d, t, o = config.data, config.train, config.optim
-    optimization.check_optim(o)
-    if o.bag_init == "naive_bayes" and not config.model.bag_buckets:
-        raise UserError("optim.bag_init=naive_bayes needs a bag: set model.bag_buckets > 0")
-    if d.bag_len and not config.model.bag_buckets:
-        raise UserError("data.bag_len > 0 needs a bag: set model.bag_buckets > 0")
+    """Trains, keeps the best-on-validation checkpoint, and returns its test metrics.
+
+    With config.pretrain.num_epochs (or max_steps) > 0 and no model.init_from, it first pretrains
+    the encoder into WORKDIR/pretrain (`pretrain.pretrain`) and starts from there.
+    """
+    check_config(config)
     workdirs.check_writable(workdir)
+    start_from = config.model.init_from
+    if not start_from and pretraining.requested(config):
+        start_from = os.path.join(workdir, "pretrain")
+        pretraining.pretrain(config, start_from)
+    src = warm_start.source(start_from) if start_from else None
+    if src:
+        config = warm_start.adopt(config, src)
+    config, chosen = defaults.choose(config)
+    d, t, o = config.data, config.train, config.optim
     dp = devices.data_parallel(d)
     primary = distributed.is_primary()
-    data = encoding.load(d, add_cls=config.model.pooling == "cls", workdir=workdir)
+    data = encoding.load(
+        d,
+        add_cls=config.model.pooling == "cls",
+        workdir=workdir,
+        tokenizer=src.tokenizer if src else None,
+    )
     train, validation, test = (data.splits[s] for s in SPLITS)
     cfg = optimization.model_config(config, data.tokenizer.vocab_size, len(data.label_names))
+    if src:
+        warm_start.check_encoder(cfg, src)
     per_epoch = batching.steps_per_epoch(len(train.ids), d.batch_size)
     total_steps = t.max_steps or t.num_epochs * per_epoch
     tx = optimization.make_optimizer(o, total_steps)
-    meta = checkpoints.new_meta(cfg, data.label_names, ema=o.ema_decay > 0)
     # The old state is dead once the step returns: donating it lets XLA update the params and
     # both Adam moments in place instead of allocating and copying three tables a step.
     train_step = jax.jit(
@@ -74,64 +86,52 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     # Before the checkpoint's model check: other labels (data.label_names) also mean another
     # num_classes, and the data field is the cause to name.
     workdirs.check_same_run(config, workdir)
-    with (
-        checkpoints.writer(workdir, LAST, t.keep_checkpoints) as last,
-        checkpoints.writer(workdir, BEST, 1) as best,
-    ):
-        # A resumed run overwrites the starting table: count it only for a fresh start.
-        fresh = last.latest_step() is None
+    if chosen and primary:
+        print(chosen, file=sys.stderr)
+
+    def init_state(fresh: bool) -> dict:
+        # A resumed run overwrites the starting values: count, read or restore them only for a
+        # fresh start.
         bag_VxC = (
             bag_prior.naive_bayes(cfg, train, d) if o.bag_init == "naive_bayes" and fresh else None
         )
-        state = optimization.init_state(
-            jax.random.PRNGKey(t.seed), cfg, tx, ema=o.ema_decay > 0, bag_VxC=bag_VxC
+        tokens_VxD = warm_start.word_vectors(config, data.tokenizer, train.ids) if fresh else None
+        init_key, rng = jax.random.split(jax.random.PRNGKey(t.seed))
+        params = optimization.init_params(init_key, cfg, bag_VxC=bag_VxC, tokens_VxD=tokens_VxD)
+        if src and fresh:
+            params = warm_start.encoder_params(src, params)
+        return optimization.state_of(params, tx, rng, ema=o.ema_decay > 0)
+
+    def accept() -> None:
+        workdirs.write_json(os.path.join(workdir, "config.json"), config.to_dict())
+        if not os.path.exists(os.path.join(workdir, "tokenizer.json")):
+            data.tokenizer.save(workdir)
+
+    best_state = loop.run(
+        loop.Run(
+            workdir=workdir,
+            config=config,
+            dp=dp,
+            total_steps=total_steps,
+            meta=checkpoints.new_meta(cfg, data.label_names, ema=o.ema_decay > 0),
+            init_state=init_state,
+            step=train_step,
+            batches=lambda start: batching.train_stream(
+                train.ids,
+                train.labels,
+                seed=t.seed,
+                start_step=start,
+                rows=dp.rows(d.batch_size),
+                bag_ids=train.bag_ids,
+                **batching.options(d),
+            ),
+            evaluate=lambda state: evaluate(optimization.eval_params(state), validation),
+            accept=accept,
         )
-        state, meta = checkpoints.resume(last, devices.replicate(state, dp), meta, workdir)
-        start = int(state["step"])
-        if jax.process_count() > 1:  # all have read the workdir before process 0 writes to it
-            multihost_utils.sync_global_devices("workdir read")
-        if primary:
-            if start:
-                print(f"resuming from step {start} of {total_steps}", file=sys.stderr)
-            # Only now, every check passed: a refused run leaves no config or vocabulary behind.
-            workdirs.write_json(os.path.join(workdir, "config.json"), config.to_dict())
-            if not os.path.exists(os.path.join(workdir, "tokenizer.json")):
-                data.tokenizer.save(workdir)
-        stream = batching.train_stream(
-            train.ids,
-            train.labels,
-            seed=t.seed,
-            start_step=start,
-            rows=dp.rows(d.batch_size),
-            bag_ids=train.bag_ids,
-            **batching.options(d),
-        )
-        with progress.Progress(workdir, config, start, total_steps, last.latest_step) as prog:
-            batches = prog.timed(batching.prefetch(stream))
-            for step, batch in zip(range(start + 1, total_steps + 1), batches, strict=False):
-                state, m = train_step(state, dp.put(batch))
-                prog.push(step, m)  # reads the previous step's metrics, not this one's
-                meta["step"] = step
-                evaluating = step % t.eval_every_steps == 0 or step == total_steps
-                saving = step % t.checkpoint_every_steps == 0 or step == total_steps
-                if evaluating or saving:
-                    prog.flush()
-                if evaluating:
-                    val = evaluate(optimization.eval_params(state), validation)
-                    prog.validation(step, val)
-                    if metrics.improves(val, meta["best_val_accuracy"]):
-                        meta["best_val_accuracy"] = val["accuracy"]
-                        checkpoints.save(best, step, state, meta)
-                if saving:
-                    checkpoints.save(last, step, state, meta)
-        if best.latest_step() is None:
-            raise UserError(
-                "no evaluation had a finite validation loss, so there is no best model; "
-                "lower config.optim.learning_rate"
-            )
-        best_state, _ = checkpoints.restore(best, best.latest_step(), state)
+    )
     result = evaluate(optimization.eval_params(best_state), test)
     result["step"] = int(best_state["step"])
+    result["label_names"] = list(data.label_names)
     if primary and t.baseline:
         texts = {s: (data.splits[s].texts, data.splits[s].labels) for s in SPLITS}
         result["baseline"] = baseline.fit_for_run(d, texts, workdir)
@@ -140,17 +140,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     return result
 
 
-def _resume_hint(workdir: str) -> str:
-    """Where a rerun resumes. Orbax renames a step's directory to its number only when complete,
-    and listing them is safe at any moment (this runs when Ctrl-C arrives)."""
-    path = os.path.join(workdir, LAST)
-    steps = [int(n) for n in os.listdir(path) if n.isdigit()] if os.path.isdir(path) else []
-    if not steps:
-        return "no checkpoint was complete yet; rerun the same command to start over"
-    return (
-        f"the last complete checkpoint is step {max(steps)} in {path}; "
-        "rerun the same command to resume from it"
-    )
+def check_config(config: ml_collections.ConfigDict) -> None:
+    """The config's own mistakes, before any data is read or anything is printed about it."""
+    optimization.check_optim(config.optim)
+    optimization.check_model(config)
+    if config.optim.bag_init == "naive_bayes" and not config.model.bag_buckets:
+        raise UserError("optim.bag_init=naive_bayes needs a bag: set model.bag_buckets > 0")
+    if config.data.bag_len and not config.model.bag_buckets:
+        raise UserError("data.bag_len > 0 needs a bag: set model.bag_buckets > 0")
+    patience = config.train.get("patience", 0)
+    if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
+        raise UserError(f"config.train.patience must be an integer >= 0; got {patience!r}")
+    if pretraining.requested(config):
+        pretraining.view(config)
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -189,7 +191,7 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
     start = time.perf_counter()
     distributed.initialize_from_flags(fv)
     fresh = not os.path.exists(workdir)
-    with cli.interrupt_detail(lambda: _resume_hint(workdir)):
+    with cli.interrupt_detail(lambda: loop.resume_hint(workdir)):
         try:
             test = train_and_evaluate(config, workdir)
         except UserError:

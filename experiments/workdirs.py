@@ -39,6 +39,9 @@ MAY_CHANGE_ON_RESUME = frozenset(
         "train.baseline",
     }
 )
+# config.model fields that are not the model's (`optimization.RUN_FIELDS`), so no checkpoint's model
+# config holds them: checked here with the rest of config.json.
+_NOT_IN_CHECKPOINT = frozenset({"model.init_from", "model.embeddings_from"})
 # tokenizer.json field -> the config field it was built from
 _TOKENIZER_FIELDS = {
     "kind": "data.tokenizer",
@@ -55,10 +58,13 @@ _ADDED_LATER = {
     "data.bag_len": 0,
     "optim.bag_init": "zeros",
     "optim.adversarial_relative": False,
+    "model.init_from": "",
+    "model.embeddings_from": "",
+    "train.patience": 0,
 }
 # Shapes only: init runs under jax.eval_shape. Not a key made at import, which would start JAX's
 # backend before a process of several can join the others.
-_KEY = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)
+KEY = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)
 
 
 def check_writable(workdir: str) -> None:
@@ -99,7 +105,9 @@ def check_same_run(config: ml_collections.ConfigDict, workdir: str) -> None:
     diff = [
         f"{k}: workdir {v!r} vs config {current.get(k)!r}"
         for k, v in sorted(saved.items())
-        if not k.startswith("model.") and k not in MAY_CHANGE_ON_RESUME and current.get(k) != v
+        if (not k.startswith("model.") or k in _NOT_IN_CHECKPOINT)
+        and k not in MAY_CHANGE_ON_RESUME
+        and current.get(k) != v
     ]
     if diff:
         raise UserError(
@@ -183,7 +191,12 @@ def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
         raise UserError(f"{workdir!r} holds no checkpoint yet; train (or resume) first")
     with checkpoints.reader(workdir, which) as mngr:
         meta = checkpoints.read_meta(mngr, step)
-        cfg = _model_config(meta, f"checkpoint {step} in {workdir!r}")
+        if meta.get("objective") == checkpoints.MASKED_LM:
+            raise UserError(
+                f"{workdir!r} is a pretraining workdir: it predicts hidden tokens, not labels; "
+                f"fine-tune it first with experiments.train --config.model.init_from={workdir}"
+            )
+        cfg = model_config(meta, f"checkpoint {step} in {workdir!r}")
         tok = tokenizers.load_tokenizer(workdir)
         if tok.vocab_size != cfg.vocab_size:
             raise UserError(
@@ -192,7 +205,7 @@ def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
             )
         # Only the weights to serve: the weight average when the run kept one.
         served = "ema" if meta.get("ema", False) else "params"
-        target = {served: jax.eval_shape(lambda key: classifier.init(key, cfg), _KEY)}
+        target = {served: jax.eval_shape(lambda key: classifier.init(key, cfg), KEY)}
         state, _ = checkpoints.restore(mngr, step, target, partial=True)
     source = _describe(workdir, which, step, meta)
     return Trained(config, cfg, state[served], tok, tuple(meta["label_names"]), step, source)
@@ -232,7 +245,8 @@ def encode_bag(trained: Trained, text: str) -> np.ndarray | None:
     return None if bags is None else bags[0]
 
 
-def _model_config(meta: dict, where: str) -> classifier.ModelConfig:
+def model_config(meta: dict, where: str) -> classifier.ModelConfig:
+    """The model config a checkpoint's meta records; UserError (naming `where`) if unusable."""
     try:
         model = meta["model"]
         return classifier.ModelConfig(

@@ -43,17 +43,18 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-# Runs the real `experiments.train` command line, but stops dead at one point so that the test can
-# SIGKILL it there. PAUSE=step:N stops when the loop asks for the batch of step N (steps up to N-1
-# computed, their metrics logged up to step N-2: they are read one step late);
+# Runs the real `experiments.train` command line (or ENTRY=pretrain's), but stops dead at one point
+# so that the test can SIGKILL it there. PAUSE=step:N stops when the loop asks for the batch of
+# step N (steps up to N-1 computed, their metrics logged up to step N-2: they are read one step
+# late);
 # PAUSE=save:<which>/<N> stops inside orbax's atomic save of that checkpoint, after its temporary
 # directory is written and before the rename that would publish it. Without PAUSE it runs through.
 TRAIN_DRIVER = textwrap.dedent(
     """
-    import os, sys, time
+    import importlib, os, sys, time
     import jax
     from orbax.checkpoint._src.path import atomicity
-    from experiments import cli, train
+    from experiments import cli
     from experiments.data import batching
 
     kind, _, where = os.environ.get("PAUSE", "none:").partition(":")
@@ -89,8 +90,10 @@ TRAIN_DRIVER = textwrap.dedent(
             return await real_finalize(self, *args, **kw)
 
         atomicity.AtomicRenameTemporaryPath.finalize = finalize
-    sys.argv = ["experiments.train", *sys.argv[1:]]
-    cli.main(train.define_flags, train.main)
+    entry = "experiments." + os.environ.get("ENTRY", "train")
+    module = importlib.import_module(entry)
+    sys.argv = [entry, *sys.argv[1:]]
+    cli.main(module.define_flags, module.main)
     """
 )
 
@@ -294,6 +297,21 @@ def trained(tmp_path_factory, tfds_dir) -> str:
         train.train_and_evaluate(tiny_config(tfds_dir), workdir)
 
     return _built_once(tmp_path_factory, "trained", run_tiny)
+
+
+PRETRAIN_STEPS = 6  # of the `pretrained` fixture's run
+
+
+@pytest.fixture(scope="session")
+def pretrained(tmp_path_factory, tfds_dir) -> str:
+    """A workdir after an uninterrupted in-process pretraining of configs/default.py:tiny (6
+    steps of masked tokens). Read-only for tests."""
+    from experiments import pretraining
+
+    def run_tiny(workdir: str) -> None:
+        pretraining.pretrain(tiny_config(tfds_dir, pretrain__max_steps=PRETRAIN_STEPS), workdir)
+
+    return _built_once(tmp_path_factory, "pretrained", run_tiny)
 
 
 _EIGHT_DEVICES = textwrap.dedent(

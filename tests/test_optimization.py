@@ -12,7 +12,7 @@ import optax
 import pytest
 
 from attn import classifier
-from experiments import optimization
+from experiments import metrics, optimization
 from experiments.cli import UserError
 
 CFG = classifier.ModelConfig(vocab_size=20, d_model=8, num_heads=2, d_ff=16, max_len=6)
@@ -107,7 +107,7 @@ def test_a_relative_eps_is_that_fraction_of_the_example_embedding_norm():
     "field, value, fragment",
     [
         ("learning_rate", 0.0, "> 0"),
-        ("warmup_steps", -1, "an integer >= 0"),
+        ("warmup_steps", -2, "an integer >= 0 (or -1: from the data)"),
         ("label_smoothing", 1.0, "in [0, 1)"),
         ("ema_decay", 1.0, "in [0, 1)"),
         ("max_nonfinite", True, "an integer >= 1"),
@@ -123,3 +123,20 @@ def test_optimizer_values_out_of_range_are_named(field, value, fragment):
         optim[field] = value
     with pytest.raises(UserError, match=rf"config\.optim\.{field} must be {re.escape(fragment)}"):
         optimization.check_optim(optim)
+
+
+@pytest.mark.parametrize(
+    "accuracy, loss, best_accuracy, best_loss, want",
+    [
+        (0.8, 0.5, 0.7, 0.1, True),  # higher accuracy wins whatever the loss
+        (0.6, 0.1, 0.7, 0.5, False),
+        (0.8, 0.3, 0.8, 0.4, True),  # a tie goes to the lower loss
+        (0.8, 0.4, 0.8, 0.4, False),
+        (0.8, 0.5, 0.8, 0.4, False),
+        (0.8, 0.3, 0.8, None, False),  # kept before losses were recorded: the first stays
+        (0.9, float("nan"), 0.1, 0.4, False),  # a diverged model never becomes the best
+        (0.1, 0.7, metrics.NO_BEST, None, True),
+    ],
+)
+def test_the_kept_checkpoint_rule(accuracy, loss, best_accuracy, best_loss, want):
+    assert metrics.improves({"accuracy": accuracy, "loss": loss}, best_accuracy, best_loss) is want

@@ -17,7 +17,17 @@ from conftest import (
 )
 
 from attn import classifier
-from experiments import devices, evaluate, forward, predict, train, visualize, workdirs
+from experiments import (
+    checkpoints,
+    devices,
+    evaluate,
+    forward,
+    metrics,
+    predict,
+    train,
+    visualize,
+    workdirs,
+)
 from experiments.cli import UserError
 from experiments.data import batching, encoding, tokenizers
 
@@ -135,12 +145,13 @@ def test_checkpoint_of_another_model_is_refused_naming_fields(trained_copy, tfds
 
 
 def test_refused_run_leaves_no_vocabulary_then_a_new_config_builds_its_own(tfds_dir, tmp_path):
-    """A run refused for a bad model field writes no tokenizer or config, so the next run in the
-    same workdir builds the vocabulary its own config asks for."""
+    """A run refused for a bad model field writes no tokenizer or config (it is refused before
+    the workdir is made), so the next run in the same workdir builds the vocabulary its own config
+    asks for."""
     workdir = str(tmp_path / "run")
     with pytest.raises(UserError, match="pooling"):
         train.train_and_evaluate(tiny_config(tfds_dir, model__pooling="avg"), workdir)
-    assert not set(os.listdir(workdir)) & {"tokenizer.json", "vocab.txt", "config.json"}
+    assert not os.path.exists(workdir)
     train.train_and_evaluate(tiny_config(tfds_dir, data__min_freq=50, train__max_steps=1), workdir)
     tok = tokenizers.load_tokenizer(workdir)
     assert tok.min_freq == 50
@@ -303,3 +314,29 @@ def test_a_bag_that_reads_more_is_read_alike_by_training_evaluate_and_predict(tf
         assert got["probability"] == pytest.approx(float(probs_NxC[i].max()), abs=1e-5)
         cut_only = forward.analyse(loaded.params, loaded.cfg, s.ids[i], None)["probs"]
         assert not np.allclose(cut_only, probs_NxC[i], atol=1e-4)  # the rest of the text counts
+
+
+def test_training_stops_early_when_validation_stops_improving(tfds_dir, tmp_path, capsys):
+    """train.patience=2: the run ends at the second evaluation in a row that does not improve on
+    the kept one; its rerun trains no further and gives the same results."""
+    workdir = str(tmp_path / "run")
+    config = tiny_config(tfds_dir, train__max_steps=60, train__patience=2)
+    result = train.train_and_evaluate(config, workdir)
+    rows = metrics.read(workdir)
+    best, best_loss, stale, stop = metrics.NO_BEST, None, 0, None
+    for row in (r for r in rows if r["split"] == "validation"):
+        if metrics.improves(row, best, best_loss):
+            best, best_loss, stale = row["accuracy"], row["loss"], 0
+        else:
+            stale += 1
+        if stale == 2:
+            stop = row["step"]
+            break
+    assert stop is not None and stop < 60, rows
+    assert max(r["step"] for r in rows) == stop
+    assert checkpoints.latest_step(workdir, checkpoints.LAST) == stop
+    assert "stopping early" in capsys.readouterr().out
+    again = train.train_and_evaluate(config, workdir)
+    drop = lambda r: {k: v for k, v in r.items() if k != "examples_per_sec"}
+    assert drop(again) == drop(result)
+    assert metrics.read(workdir) == rows

@@ -296,7 +296,7 @@ def test_curves_mark_the_checkpoint_training_kept(trained, tmp_path):
     assert os.path.getsize(path) > 0
 
 
-def test_the_kept_model_rule_takes_the_first_highest_finite_row():
+def test_the_kept_model_rule_takes_the_highest_finite_row_and_breaks_ties_on_loss():
     # train.py keeps its best checkpoint by the same rule (metrics.improves).
     rows = [
         {"split": "train", "step": 5, "accuracy": 1.0, "loss": 0.1},
@@ -304,6 +304,8 @@ def test_the_kept_model_rule_takes_the_first_highest_finite_row():
         {"split": "validation", "step": 20, "accuracy": 0.9, "loss": float("nan")},
         {"split": "validation", "step": 30, "accuracy": 0.8, "loss": 0.4},
         {"split": "validation", "step": 40, "accuracy": 0.8, "loss": 0.3},
+        {"split": "validation", "step": 50, "accuracy": 0.8, "loss": 0.35},
+        {"split": "validation", "step": 60, "accuracy": 0.75, "loss": 0.1},
     ]
-    assert plots.best_validation(rows) == (30, 0.8)
+    assert plots.best_validation(rows) == (40, 0.8)
     assert plots.best_validation(rows[:1]) is None

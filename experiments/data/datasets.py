@@ -119,7 +119,7 @@ def load_splits(data_cfg: Any, splits: Sequence[str] = SPLITS) -> dict[str, Exam
     out: dict[str, Examples] = {}
     for tfds_split in dict.fromkeys(routes[s][0] for s in splits):
         ours = [s for s in splits if routes[s][0] == tfds_split]
-        source = _data_source(name, tfds_split, data_cfg.get("data_dir") or None)  # "" = default
+        source = tfds_source(name, tfds_split, data_cfg.get("data_dir") or None)  # "" = default
         texts: dict[str, list[str]] = {s: [] for s in ours}
         labels: dict[str, list[int]] = {s: [] for s in ours}
         for ex in source:
@@ -157,7 +157,16 @@ def _aclimdb(path: str, splits: Sequence[str]) -> dict[str, Examples]:
     return user_files.load_splits(path, splits, label_names=_IMDB_LABELS)
 
 
-def _data_source(name: str, split: str, data_dir: str | None) -> Any:
+def text_feature(name: str) -> str:
+    """The feature of TFDS dataset `name` that holds its texts; UserError for one not known here."""
+    if name not in _TFDS:
+        raise UserError(f"TFDS dataset {name!r} is unknown here; valid: {', '.join(_TFDS)}")
+    return _TFDS[name][0]
+
+
+def tfds_source(name: str, split: str, data_dir: str | None) -> Any:
+    """TFDS `split` of `name` as a random-access data source (no TensorFlow), prepared on first
+    use; UserError when it cannot be."""
     if name == "glue/sst2":
         import tensorflow_datasets.text.glue  # noqa: F401  (registers "glue"; not done by default)
     # Behind a proxy a direct connection may fail where the download would not: TFDS decides.

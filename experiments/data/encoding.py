@@ -6,7 +6,6 @@ everywhere.
 """
 
 import dataclasses
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -143,13 +142,21 @@ def check_text(text: str) -> str:
 
 
 def _tokenizer(data: Any, examples: dict, workdir: str | None) -> tokenizers.Tokenizer:
-    if workdir and os.path.exists(os.path.join(workdir, "tokenizer.json")):
+    if workdir and tokenizers.saved(workdir):
         return tokenizers.load_tokenizer(workdir)
     if "train" not in examples:
         raise ValueError("building a tokenizer needs the train split")
+    return tokenizer_for(data, examples["train"][0], None)
+
+
+def tokenizer_for(data: Any, texts: Sequence[str], workdir: str | None) -> tokenizers.Tokenizer:
+    """The tokenizer saved in `workdir` (a resumed run), else one built from `texts` as config.data
+    `data` says (not saved: the caller saves it when its run is accepted)."""
+    if workdir and tokenizers.saved(workdir):
+        return tokenizers.load_tokenizer(workdir)
     return tokenizers.build_tokenizer(
         data.tokenizer,
-        examples["train"][0],
+        texts,
         lowercase=data.lowercase,
         min_freq=data.min_freq,
         max_vocab=data.max_vocab,

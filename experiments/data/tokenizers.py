@@ -187,6 +187,11 @@ def _write(directory: str | Path, tok: Tokenizer, vocab: list[str], extra: dict)
     (d / "tokenizer.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
 
 
+def saved(directory: str | Path) -> bool:
+    """Whether `directory` holds a saved tokenizer (its tokenizer.json)."""
+    return (Path(directory) / "tokenizer.json").is_file()
+
+
 def load_tokenizer(directory: str | Path) -> ByteTokenizer | VocabTokenizer:
     """The tokenizer `save` wrote into `directory`; UserError if files are missing or corrupt."""
     d = Path(directory)

@@ -341,3 +341,18 @@ def _folder_rows(root: Path, named: str) -> list[Row]:
     if not rows:
         raise UserError(f"{named} has no <label>/*.txt files (nor train/<label>/*.txt)")
     return rows
+
+
+def read_text(p: Path, named: str) -> str:
+    """A whole text file, decoded (a UTF-8 BOM dropped); a UserError naming it (`named`) when it
+    is empty, binary or not UTF-8."""
+    return _read_text_file(p, named)
+
+
+def texts(p: Path, named: str, text_field: str) -> list[str]:
+    """The `text_field` column (or JSON key) of a CSV/TSV/JSONL file, for unlabeled text; rows
+    without it are skipped."""
+    flags = Flags(text_field="data.text_field", label_field="data.text_field")
+    return [
+        text for _, text, _, _, _ in _file_rows(p, named, (text_field, text_field), flags) if text
+    ]

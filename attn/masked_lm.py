@@ -1,0 +1,106 @@
+"""Masked-token pretraining (BERT's objective, Devlin et al. 2019): which tokens are hidden, the
+head that predicts them, and the loss.
+
+Of each sequence's real tokens (not PAD, CLS or UNK), a share `rate` (at least one) is chosen as
+a target. A target is shown as UNK with probability 0.8, as a random real token with 0.1, and
+unchanged with 0.1; the model must predict the original at every target. The hidden token is
+shown as UNK, the id the classifier already reads for a token it does not know, so the pretrained
+encoder has exactly the classifier's parameters and a saved vocabulary needs no new id. The hashed
+n-grams are computed from the corrupted ids, so they cannot leak a hidden token.
+
+The head (`init_head`, `head_logits`): dense + GELU + LayerNorm, then scores against the token
+embedding table itself (tied, scaled by 1/√D) plus a bias per token. It is computed only at the
+targets, [B, M] of them, never at all L positions: a [B, L, V] array of a 30,000-word vocabulary
+would dwarf the rest of the step.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from attn import layers
+
+__all__ = ["corrupt", "head_logits", "init_head", "loss", "num_targets"]
+
+MASKED, RANDOM = 0.8, 0.1  # shares of targets shown as UNK and as a random token; the rest as is
+FIRST_REAL = 3  # ids 0, 1, 2 are PAD, UNK and CLS
+UNK = 1
+
+
+def num_targets(length: int, rate: float) -> int:
+    """M, the targets a row of `length` tokens may hold: ceil(rate * length), at least 1."""
+    return max(1, math.ceil(rate * length))
+
+
+def corrupt(
+    key: jax.Array, tokens_BxL: jax.Array, *, vocab_size: int, rate: float = 0.15
+) -> tuple[jax.Array, dict]:
+    """Hides `rate` of each row's real tokens -> (corrupted ids [B, L], targets): {"positions":
+    int32 [B, M], "ids": int32 [B, M] (the original tokens), "weight": float32 [B, M] (1 for a
+    target, 0 for an unused slot)}, M = `num_targets(L, rate)`.
+
+    A row of n real tokens gets round(rate * n) targets (at least 1 when n > 0), chosen uniformly
+    without replacement; the corrupted ids differ from tokens_BxL only at targets.
+    """
+    if not 0.0 < rate < 1.0:
+        raise ValueError(f"rate must be in (0, 1); got {rate}")
+    if vocab_size <= FIRST_REAL:
+        raise ValueError(f"vocab_size must be > {FIRST_REAL}; got {vocab_size}")
+    batch, length = tokens_BxL.shape
+    m = num_targets(length, rate)
+    k_pick, k_kind, k_random = jax.random.split(key, 3)
+    eligible_BxL = tokens_BxL >= FIRST_REAL
+    # Eligible positions draw from [0, 1), the others 2: the first M of the sort are a uniform
+    # sample of the eligible ones, followed by the rest.
+    u_BxL = jnp.where(eligible_BxL, jax.random.uniform(k_pick, (batch, length)), 2.0)
+    positions_BxM = jnp.argsort(u_BxL, axis=-1)[:, :m].astype(jnp.int32)
+    n_B = eligible_BxL.sum(-1)
+    want_B = jnp.where(n_B > 0, jnp.maximum(jnp.round(rate * n_B), 1), 0)
+    weight_BxM = (jnp.arange(m)[None, :] < want_B[:, None]).astype(jnp.float32)
+    ids_BxM = jnp.take_along_axis(tokens_BxL, positions_BxM, axis=-1)
+
+    kind_BxM = jax.random.uniform(k_kind, (batch, m))
+    random_BxM = jax.random.randint(k_random, (batch, m), FIRST_REAL, vocab_size, jnp.int32)
+    shown_BxM = jnp.where(
+        kind_BxM < MASKED, UNK, jnp.where(kind_BxM < MASKED + RANDOM, random_BxM, ids_BxM)
+    )
+    shown_BxM = jnp.where(weight_BxM > 0, shown_BxM, ids_BxM)  # unused slots change nothing
+    rows_BxM = jnp.broadcast_to(jnp.arange(batch)[:, None], (batch, m))
+    corrupted_BxL = tokens_BxL.at[rows_BxM, positions_BxM].set(shown_BxM.astype(tokens_BxL.dtype))
+    return corrupted_BxL, {"positions": positions_BxM, "ids": ids_BxM, "weight": weight_BxM}
+
+
+def init_head(key: jax.Array, d_model: int, vocab_size: int) -> dict:
+    """{"transform": dense D->D, "ln": layer norm, "bias": zeros [V]}."""
+    return {
+        "transform": layers.dense_init(key, d_model, d_model),
+        "ln": layers.layer_norm_init(d_model),
+        "bias": jnp.zeros((vocab_size,), jnp.float32),
+    }
+
+
+def head_logits(
+    head: dict, table_VxD: jax.Array, h_BxLxD: jax.Array, positions_BxM: jax.Array
+) -> jax.Array:
+    """Logits [B, M, V] float32 over the vocabulary at the target positions of states h."""
+    h_BxMxD = jnp.take_along_axis(h_BxLxD, positions_BxM[..., None], axis=1).astype(jnp.float32)
+    t_BxMxD = layers.layer_norm(head["ln"], jax.nn.gelu(layers.dense(head["transform"], h_BxMxD)))
+    scale = 1.0 / math.sqrt(table_VxD.shape[-1])  # unit-variance t against N(0, 1) rows
+    return jnp.einsum("bmd,vd->bmv", t_BxMxD, table_VxD) * scale + head["bias"]
+
+
+def loss(logits_BxMxV: jax.Array, targets: dict) -> tuple[jax.Array, dict]:
+    """Mean cross-entropy over the targets, and the sums the train loop logs: {"loss_sum",
+    "correct", "count"} over targets."""
+    logp_BxMxV = jax.nn.log_softmax(logits_BxMxV.astype(jnp.float32))
+    nll_BxM = -jnp.take_along_axis(logp_BxMxV, targets["ids"][..., None], axis=-1)[..., 0]
+    w_BxM = targets["weight"]
+    count = w_BxM.sum()
+    loss_sum = (nll_BxM * w_BxM).sum()
+    correct = ((logits_BxMxV.argmax(-1) == targets["ids"]) * w_BxM).sum()
+    return loss_sum / jnp.maximum(count, 1.0), {
+        "loss_sum": loss_sum,
+        "correct": correct,
+        "count": count,
+    }

@@ -1,0 +1,162 @@
+"""The train loop that every objective runs: `train` (classification) and `pretrain` (masked
+tokens) differ in their state, step, batches and validation, and share all else here.
+
+What the loop does: resume from the newest complete checkpoint (or start fresh), step with each
+step's metrics read one step late, evaluate on validation and keep the best checkpoint
+(`metrics.improves`), save the last ones, stop early when validation has stopped improving
+(`config.train.patience`), and show the progress bar and log (`progress`). A rerun of a run that
+stopped early finds the stop in its last checkpoint and does not train on.
+"""
+
+import dataclasses
+import itertools
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from jax.experimental import multihost_utils
+
+from experiments import checkpoints, devices, distributed, metrics, progress
+from experiments.checkpoints import BEST, LAST
+from experiments.cli import UserError
+from experiments.data import batching
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One run of an objective in `workdir`, with its resolved `config`."""
+
+    workdir: str
+    config: ml_collections.ConfigDict
+    dp: devices.DataParallel
+    total_steps: int
+    meta: dict  # `checkpoints.new_meta` of this run: what a checkpoint must match to resume
+    init_state: Callable[[bool], Any]  # fresh start? -> the starting state, on the host
+    step: Callable[[Any, dict], tuple[Any, dict]]  # (state, batch) -> (state, metrics); donates
+    batches: Callable[[int], Iterator[dict]]  # start step -> host batches from it on, no end
+    evaluate: Callable[[Any], dict]  # state -> validation metrics, "accuracy" and "loss" among them
+    accept: Callable[[], None]  # writes the run's files once every check has passed (process 0)
+    label: str = ""  # what the accuracy and loss are of, when not the labels
+
+
+def run(r: Run) -> Any:
+    """Trains `r` to its last step or its early stop; returns the best state (restored)."""
+    t = r.config.train
+    with (
+        checkpoints.writer(r.workdir, LAST, t.keep_checkpoints) as last,
+        checkpoints.writer(r.workdir, BEST, 1) as best,
+    ):
+        state = r.init_state(last.latest_step() is None)
+        state, meta = checkpoints.resume(last, devices.replicate(state, r.dp), r.meta, r.workdir)
+        meta = {**meta}
+        start = int(state["step"])
+        if jax.process_count() > 1:  # all have read the workdir before process 0 writes to it
+            multihost_utils.sync_global_devices("workdir read")
+        if distributed.is_primary():
+            if start:
+                print(f"resuming from step {start} of {r.total_steps}", file=sys.stderr)
+            # Only now, every check passed: a refused run leaves no config or vocabulary behind.
+            r.accept()
+        if not meta.get("stopped_early"):
+            expected = _expected_time(r, state, start)
+            if expected and distributed.is_primary():
+                print(expected, file=sys.stderr)
+            _steps(r, state, meta, start, last, best)
+        if best.latest_step() is None:
+            raise UserError(
+                "no evaluation had a finite validation loss, so there is no best model; "
+                "lower config.optim.learning_rate"
+            )
+        best_state, _ = checkpoints.restore(best, best.latest_step(), state)
+    return best_state
+
+
+PROBE_BATCHES = 4  # batches the expected time is measured on
+PROBE_MIN_STEPS = 50  # a shorter run goes without the estimate
+
+
+def _expected_time(r: Run, state: Any, start: int) -> str | None:
+    """How long the steps left should take, measured before they start: the step timed on a
+    copy of the state with the run's next few batches, each compiled first (as the run would
+    compile it). None for a run with few steps left."""
+    left = r.total_steps - start
+    if left < PROBE_MIN_STEPS:
+        return None
+    seconds = []
+    for batch in itertools.islice(r.batches(start), PROBE_BATCHES):
+        batch = r.dp.put(batch)
+        for timed in (False, True):
+            copy = jax.tree.map(jnp.copy, state)  # the step donates it
+            tic = time.perf_counter()
+            jax.block_until_ready(r.step(copy, batch))
+            if timed:
+                seconds.append(time.perf_counter() - tic)
+    per_step = sum(seconds) / len(seconds)
+    evaluations = left // r.config.train.eval_every_steps
+    return (
+        f"expected: about {_duration(per_step * left)} for {left:,} steps ({per_step:.2f} s a "
+        f"step on {len(seconds)} of its batches), plus {evaluations} evaluations"
+    )
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _steps(r: Run, state: Any, meta: dict, start: int, last, best) -> None:
+    t = r.config.train
+    with progress.Progress(
+        r.workdir, r.config, start, r.total_steps, last.latest_step, r.label
+    ) as prog:
+        batches = prog.timed(batching.prefetch(r.batches(start)))
+        for step, batch in zip(range(start + 1, r.total_steps + 1), batches, strict=False):
+            state, m = r.step(state, r.dp.put(batch))
+            prog.push(step, m)  # reads the previous step's metrics, not this one's
+            meta["step"] = step
+            evaluating = step % t.eval_every_steps == 0 or step == r.total_steps
+            saving = step % t.checkpoint_every_steps == 0 or step == r.total_steps
+            if evaluating or saving:
+                prog.flush()
+            if evaluating:
+                val = r.evaluate(state)
+                prog.validation(step, val)
+                if metrics.improves(val, meta["best_val_accuracy"], meta.get("best_val_loss")):
+                    meta.update(best_val_accuracy=val["accuracy"], best_val_loss=val["loss"])
+                    meta["stale_evaluations"] = 0
+                    checkpoints.save(best, step, state, meta)
+                else:
+                    meta["stale_evaluations"] = meta.get("stale_evaluations", 0) + 1
+                if t.patience and meta["stale_evaluations"] >= t.patience:
+                    meta["stopped_early"] = True
+                    saving = True
+                    prog.stop_early(step, t.patience)
+            if saving:
+                checkpoints.save(last, step, state, meta)
+            if meta.get("stopped_early"):
+                break
+
+
+def resume_hint(workdir: str) -> str:
+    """Where a rerun resumes, for the Ctrl-C message: the newest complete checkpoint of the run, or
+    of the pretraining it runs first in WORKDIR/pretrain. Orbax renames a step's directory to its
+    number only when complete, and listing them is safe at any moment."""
+    for where, what in (
+        (workdir, "the last complete checkpoint"),
+        (os.path.join(workdir, "pretrain"), "pretraining's last complete checkpoint"),
+    ):
+        path = os.path.join(where, LAST)
+        steps = [int(n) for n in os.listdir(path) if n.isdigit()] if os.path.isdir(path) else []
+        if steps:
+            return (
+                f"{what} is step {max(steps)} in {path}; rerun the same command to resume from it"
+            )
+    return "no checkpoint was complete yet; rerun the same command to start over"

@@ -1,0 +1,163 @@
+"""Where a run's parameters start, other than at random: the encoder of another workdir
+(`model.init_from`: a pretraining run or any trained one) and word vectors
+(`model.embeddings_from`).
+
+The encoder is what the classifier has before pooling: the token, n-gram and position
+embeddings, the encoder blocks and the final LayerNorm. A run started from a workdir takes its
+tokenizer too (ids must mean what they meant there), and its encoder's shape: a model field that
+differs is refused, naming each, and so is a tokenizer field or length that differs; fields left
+to the data take the source's values. Pooling, the head and the bag start afresh.
+"""
+
+import dataclasses
+import os
+import sys
+from collections.abc import Sequence
+
+import jax
+import ml_collections
+import numpy as np
+
+from attn import classifier
+from experiments import checkpoints, distributed, workdirs
+from experiments.cli import UserError
+from experiments.data import tokenizers, vectors
+
+ENCODER = ("embed", "final_ln")  # and every "layer_<i>"
+# The model fields that shape the encoder's parameters or decide what they compute.
+ENCODER_FIELDS = (
+    "vocab_size",
+    "d_model",
+    "num_heads",
+    "num_layers",
+    "d_ff",
+    "max_len",
+    "positions",
+    "score",
+    "ngram_buckets",
+    "ngram_orders",
+)
+# config.data fields that make the tokenizer -> the mark that leaves one to the data (None: none)
+_DATA_FIELDS = {"tokenizer": "auto", "lowercase": None, "min_freq": None, "max_vocab": None}
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """A workdir to start from: its config, tokenizer and the checkpoint whose encoder is taken."""
+
+    workdir: str
+    config: ml_collections.ConfigDict
+    cfg: classifier.ModelConfig
+    tokenizer: tokenizers.Tokenizer
+    which: str  # checkpoints.BEST, or LAST for a run stopped before its first evaluation
+    step: int
+    served: str  # "ema" when the run kept a weight average (its served weights), else "params"
+
+    def describe(self) -> str:
+        kind = "best" if self.which == checkpoints.BEST else "last"
+        return f"the {kind} checkpoint (step {self.step}) of {self.workdir}"
+
+
+def is_encoder(name: str) -> bool:
+    return name in ENCODER or name.startswith("layer_")
+
+
+def source(workdir: str) -> Source:
+    """The workdir `model.init_from` names; UserError when it is not a usable workdir."""
+    named = f"model.init_from={workdir!r}"
+    if not os.path.isdir(workdir):
+        raise UserError(f"{named} does not exist; pretrain or train there first")
+    if not os.path.exists(os.path.join(workdir, "config.json")):
+        raise UserError(f"{named} has no config.json; is it a training or pretraining workdir?")
+    config = workdirs.read_config(os.path.join(workdir, "config.json"))
+    which = checkpoints.BEST
+    step = checkpoints.latest_step(workdir, which)
+    if step is None:
+        which, step = checkpoints.LAST, checkpoints.latest_step(workdir, checkpoints.LAST)
+    if step is None:
+        raise UserError(f"{named} holds no checkpoint yet; let its run save one first")
+    with checkpoints.reader(workdir, which) as mngr:
+        meta = checkpoints.read_meta(mngr, step)
+    cfg = workdirs.model_config(meta, f"{named}, checkpoint {step}")
+    tok = tokenizers.load_tokenizer(workdir)
+    served = "ema" if meta.get("ema", False) else "params"
+    return Source(workdir, config, cfg, tok, which, step, served)
+
+
+def adopt(config: ml_collections.ConfigDict, src: Source) -> ml_collections.ConfigDict:
+    """`config` with the source's tokenizer fields and length where it leaves them to the data;
+    UserError naming each that it sets otherwise."""
+    out = ml_collections.ConfigDict(config.to_dict())
+    d, s = out.data, src.config.data
+    diff = []
+    for field, auto in {**_DATA_FIELDS, "max_len": 0}.items():
+        if d[field] == s[field]:
+            continue
+        if d[field] == auto:
+            d[field] = s[field]
+            if field == "max_len":  # the buckets the data chose with it
+                d.buckets = tuple(s.buckets)
+        else:
+            diff.append(f"data.{field}: {d[field]!r} vs {s[field]!r} there")
+    if diff:
+        raise UserError(
+            f"model.init_from={src.workdir!r} was trained with another tokenizer or length "
+            f"({'; '.join(diff)}); use its values or leave them to the data"
+        )
+    if config.model.get("embeddings_from"):
+        raise UserError(
+            "model.init_from and model.embeddings_from are both set; the encoder of "
+            "init_from already has its embeddings: set one of them"
+        )
+    out.lock()
+    return out
+
+
+def check_encoder(cfg: classifier.ModelConfig, src: Source) -> None:
+    """UserError naming every encoder field of `cfg` that differs from the source's."""
+    diff = [
+        f"{f}: {getattr(cfg, f)!r} vs {getattr(src.cfg, f)!r} there"
+        for f in ENCODER_FIELDS
+        if getattr(cfg, f) != getattr(src.cfg, f)
+    ]
+    if diff:
+        raise UserError(
+            f"model.init_from={src.workdir!r} holds another encoder ({'; '.join(diff)}); "
+            "use its model fields"
+        )
+
+
+def encoder_params(src: Source, params: dict) -> dict:
+    """`params` (a fresh classifier's) with the source's encoder in place of their own."""
+    shapes = jax.eval_shape(lambda key: classifier.init(key, src.cfg), workdirs.KEY)
+    target = {src.served: {k: v for k, v in shapes.items() if is_encoder(k)}}
+    with checkpoints.reader(src.workdir, src.which) as mngr:
+        state, _ = checkpoints.restore(mngr, src.step, target, partial=True)
+    print(f"encoder from {src.describe()}", file=sys.stderr)
+    return {**params, **state[src.served]}
+
+
+def word_vectors(
+    config: ml_collections.ConfigDict, tok: tokenizers.Tokenizer, ids: Sequence[np.ndarray]
+) -> np.ndarray | None:
+    """The token embedding table [V, D] from `model.embeddings_from`'s file (None when unset),
+    its coverage printed: of the vocabulary and of the tokens of `ids`, the training texts."""
+    path = config.model.get("embeddings_from")
+    if not path:
+        return None
+    if not isinstance(tok, tokenizers.VocabTokenizer):
+        raise UserError(
+            f"model.embeddings_from needs a word or char tokenizer; data.tokenizer is {tok.kind!r}"
+        )
+    counts_V = np.bincount(np.concatenate([*ids, np.zeros(0, np.int32)]), minlength=tok.vocab_size)
+    loaded = vectors.load(
+        path,
+        tok.vocab,
+        config.model.d_model,
+        seed=config.train.seed,
+        token_counts=counts_V,
+        progress=distributed.is_primary(),
+    )
+    if distributed.is_primary():
+        print(loaded.summary(), file=sys.stderr)
+    return loaded.table_VxD
