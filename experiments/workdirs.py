@@ -2,7 +2,8 @@
 one (config, tokenizer, model config and the weights to serve) for evaluate, predict and visualize.
 
 A workdir holds config.json, tokenizer.json and vocab.txt, checkpoints/ and best/ (see
-`checkpoints`), metrics.jsonl and tensorboard/, eval_<split>.json, curves.png and visualize/.
+`checkpoints`), metrics.jsonl and tensorboard/, eval_test.json and baseline.json (training's),
+evaluate_*.json (evaluate's), curves.png and visualize/.
 """
 
 import dataclasses

@@ -18,15 +18,33 @@ from experiments.data import datasets
 
 
 def test_evaluate_predict_visualize_commands(trained_copy, capsys):
-    proc = run_here(
-        "experiments.evaluate", f"--workdir={trained_copy}", "--split=test", capsys=capsys
-    )
-    assert proc.returncode == 0, proc.stderr
-    with open(os.path.join(trained_copy, "eval_test.json"), encoding="utf-8") as f:
+    training_result = os.path.join(trained_copy, "eval_test.json")
+    with open(training_result, "rb") as f:
+        written_by_training = f.read()
+    for checkpoint, name in (
+        ("best", "evaluate_test.json"),
+        ("checkpoints", "evaluate_test_last.json"),
+    ):
+        argv = [f"--workdir={trained_copy}", "--split=test", f"--checkpoint={checkpoint}"]
+        proc = run_here("experiments.evaluate", *argv, capsys=capsys)
+        assert proc.returncode == 0, proc.stderr
+        with open(os.path.join(trained_copy, name), encoding="utf-8") as f:
+            result = json.load(f)
+        assert {"accuracy", "macro_f1", "loss", "confusion", "num_examples"} <= set(result)
+        assert result["num_examples"] == 1726 and result["label_names"] == ["neg", "pos"]
+        assert f"{result['accuracy']:.4f}" in proc.stdout and "confusion" in proc.stdout
+        assert f"written: {os.path.join(trained_copy, name)}" in proc.stdout
+    # Training's own result stays as it wrote it, and the best checkpoint scores the same.
+    with open(training_result, "rb") as f:
+        assert f.read() == written_by_training
+    training = json.loads(written_by_training)
+    with open(os.path.join(trained_copy, "evaluate_test.json"), encoding="utf-8") as f:
         result = json.load(f)
-    assert {"accuracy", "macro_f1", "loss", "confusion", "num_examples"} <= set(result)
-    assert result["num_examples"] == 1726
-    assert f"{result['accuracy']:.4f}" in proc.stdout and "confusion" in proc.stdout
+    assert training["label_names"] == ["neg", "pos"]
+    assert (training["accuracy"], training["confusion"]) == (
+        result["accuracy"],
+        result["confusion"],
+    )
 
     # A real process: stdout, stderr and the exit status as a shell sees them.
     proc = run("experiments.predict", f"--workdir={trained_copy}", "--top=2", "很好看", "太差了")
@@ -68,13 +86,13 @@ def test_evaluate_on_a_labelled_file_matches_the_split_it_holds(trained_copy, tm
     argv = [f"--workdir={trained_copy}", f"--path={path}"]
     proc = run_here("experiments.evaluate", *argv, "--text_field=review", capsys=capsys)
     assert proc.returncode == 0, proc.stderr
-    with open(os.path.join(trained_copy, "eval_file_held.json"), encoding="utf-8") as f:
+    with open(os.path.join(trained_copy, "evaluate_file_held.json"), encoding="utf-8") as f:
         got = json.load(f)
     # Every row, whatever split its hash gives it: the same texts score as the split does.
     assert got["num_examples"] == split["num_examples"] == len(texts)
     assert (got["accuracy"], got["confusion"]) == (split["accuracy"], split["confusion"])
     assert got["loss"] == pytest.approx(split["loss"], rel=1e-5) and got["path"] == str(path)
-    assert f"{path} (every row)" in proc.stdout and "eval_file_held.json" in proc.stdout
+    assert f"{path} (every row)" in proc.stdout and "evaluate_file_held.json" in proc.stdout
     # The training run's column names by default; labels the model does not know are bad rows.
     # ... and the message names this command's flags, not the training config's fields.
     assert_one_line_error(

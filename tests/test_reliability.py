@@ -548,7 +548,7 @@ def test_evaluate_bad_workdir_or_data(case, trained_copy, tmp_path):
         result = evaluate.evaluate_workdir(trained_copy, "train")
         assert result["num_examples"] > 30 and 0 <= result["accuracy"] <= 1
         after = tree_hash(trained_copy)
-        assert after.pop("eval_train.json") and after == before  # the one file evaluate writes
+        assert after.pop("evaluate_train.json") and after == before  # the one file evaluate writes
 
 
 # ---------------------------------------------------------------------------------------------
