@@ -3,6 +3,7 @@ this process through the same flag parsing and error handling, with `predict` an
 resume also run as real processes."""
 
 import csv
+import dataclasses
 import json
 import os
 import shutil
@@ -105,6 +106,63 @@ def test_evaluate_on_a_labelled_file_matches_the_split_it_holds(trained_copy, tm
     assert_one_line_error(
         run_here("experiments.evaluate", *argv, capsys=capsys), "--path=", "unknown label '1'"
     )
+
+
+def test_an_answer_that_reads_less_than_it_seems_says_so(trained_copy, capsys):
+    """A text cut to max_len (64 here) and one mostly outside the vocabulary each get a note: in
+    predict's JSON and on stderr, with stdout still one line per text, and in visualize."""
+    trained = workdirs.load(trained_copy)
+    half, mostly, long = "好看𓀀𓀀", "好𓀀𓀀𓀀", "好" * 300  # 𓀀 is outside the vocabulary
+    assert "note" not in predict.predict_one(trained, half, top=3)  # half unknown: no note
+    p = predict.predict_one(trained, mostly, top=3)
+    assert p["label"] in ("neg", "pos") and p["known_tokens"] == 1
+    assert p["note"] == (
+        "mostly unknown: 3 of 4 tokens read are outside the vocabulary, so the answer rests on "
+        "the other 1"
+    )
+    p = predict.predict_one(trained, long, top=3)
+    assert (p["num_tokens"], p["text_tokens"]) == (64, 300)
+    assert p["note"] == "read the first 64 of 300 tokens"
+
+    stdin = "\n".join([half, mostly, long]).encode()
+    for as_json in (False, True):
+        argv = [f"--workdir={trained_copy}", *(["--json"] if as_json else [])]
+        proc = run_here("experiments.predict", *argv, stdin=stdin, capsys=capsys)
+        assert proc.returncode == 0, proc.stderr
+        assert len(proc.stdout.strip().splitlines()) == 3 + (not as_json)
+        notes = [line for line in proc.stderr.splitlines() if line.startswith("note: ")]
+        assert notes == [
+            "note: text 2: mostly unknown: 3 of 4 tokens read are outside the vocabulary, so the "
+            "answer rests on the other 1",
+            "note: text 3: read the first 64 of 300 tokens",
+        ]
+        if as_json:
+            answers = [json.loads(line) for line in proc.stdout.splitlines()]
+            assert ["note" in a for a in answers] == [False, True, True]
+
+    proc = run_here("experiments.visualize", f"--workdir={trained_copy}", half, long, capsys=capsys)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip() == "note: text 2: read the first 64 of 300 tokens"
+    with open(os.path.join(trained_copy, "visualize", "attention.html"), encoding="utf-8") as f:
+        assert "(read the first 64 of 300 tokens)" in f.read()
+
+
+def test_a_cut_note_names_the_tail_and_what_the_bag_read(trained_copy):
+    trained = workdirs.load(trained_copy)
+    config = workdirs.read_config(os.path.join(trained_copy, "config.json"))
+    config.data.tail_len, config.data.bag_len = 48, 256
+    with_tail = dataclasses.replace(trained, config=config)
+    ids = workdirs.encode(with_tail, "好" * 300)
+    assert workdirs.reading(with_tail, "好" * 300, ids).notes == [
+        "read the first 16 and last 48 of 300 tokens"
+    ]
+    with_bag = dataclasses.replace(with_tail, cfg=dataclasses.replace(trained.cfg, bag_buckets=64))
+    assert workdirs.reading(with_bag, "好" * 300, ids).notes == [
+        "read the first 16 and last 48 of 300 tokens (its bag: the first 64 and last 192)"
+    ]
+    assert workdirs.reading(with_bag, "好" * 200, ids).notes == [
+        "read the first 16 and last 48 of 200 tokens (its bag: all)"
+    ]
 
 
 def test_predict_line_shows_small_attention_shares():
