@@ -227,7 +227,7 @@ def _not_text(raw: bytes) -> str | None:
     """Why a file cannot be read as UTF-8 text, judged from its start, or None if it can."""
     head = raw[:8192]
     if head.startswith((b"\xff\xfe", b"\xfe\xff")) or _utf16_without_bom(head):
-        return "is UTF-16 text; save it as UTF-8"
+        return "is UTF-16 text; save it as UTF-8 (iconv -f UTF-16 -t UTF-8 does)"
     if sum(b < 32 and b not in b"\t\n\r\f\v" for b in head) > 0.1 * len(head):
         return "looks binary, not UTF-8 text"
     # Mostly ASCII with a few accents, each invalid, is as surely not UTF-8 as Chinese in GBK.
