@@ -191,7 +191,9 @@ def test_binary_file(tmp_path):
     with pytest.raises(UserError, match="is UTF-16 text; save it as UTF-8"):
         _load(str(p))
     p.write_bytes("text,label\nhello,pos\n".encode("utf-16-le") * 10)  # no BOM
-    with pytest.raises(UserError, match=r"is UTF-16 text; save it as UTF-8 \(iconv -f UTF-16 -t UTF-8 does\)"):
+    with pytest.raises(
+        UserError, match=r"is UTF-16 text; save it as UTF-8 \(iconv -f UTF-16 -t UTF-8 does\)"
+    ):
         _load(str(p))
 
 
