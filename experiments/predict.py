@@ -14,7 +14,7 @@ error on stderr; the others are still answered, and the exit status is 2 if any 
 text with no token the model knows (every character outside the vocabulary but for whitespace)
 gets the label `unknown` and no probability: the model has nothing to go on. Stderr says which
 checkpoint answers, and adds a line `note: text N: ...` for an answer that reads less than it
-seems: a text cut to the model's length (`read the first 192 and last 64 of 3000 tokens`) or one
+seems: a text cut to the model's length (`read the first N and last K of M tokens`) or one
 whose tokens are mostly outside the vocabulary (`mostly unknown: ...`); with --json the same
 words are the object's `note`.
 """
