@@ -10,7 +10,9 @@ A process that dies must not leave the others waiting forever in a collective: e
 beats in the coordination service's key-value store, and a process that sees a peer silent for
 `--peer_timeout` seconds stops with one line naming it (`watch_peers`). JAX's own heartbeat check,
 set to twice that, is the backstop; when process 0 (which hosts the coordination service) dies,
-JAX stops the others at once with its own multi-line message.
+JAX stops the others at once with its own multi-line message. On CPU the processes create the
+communicator of their collectives together as they join (`_join_collectives`), so that one
+arriving late at its first train step is waited for.
 """
 
 import os
@@ -20,8 +22,11 @@ import threading
 import time
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from absl import flags
 from jax._src import distributed as jax_distributed
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from experiments.cli import UserError
 
@@ -103,6 +108,35 @@ def initialize(
         shutdown_timeout_seconds=timeout,
     )
     threading.Thread(target=watch_peers, args=(timeout,), daemon=True).start()
+    _join_collectives(timeout)
+
+
+def _join_collectives(timeout: int) -> None:
+    """Creates the communicator of every device's collectives now, while the processes are in
+    step, rather than at the first train step.
+
+    On CPU, gloo gives each process 30 s (fixed; JAX has no setting for it) to join a new
+    communicator, which XLA creates at the first collective over a set of devices and then
+    reuses. Before the first train step each process compiles, and a resumed run restores its
+    checkpoint, on its own: on a loaded machine one can arrive a minute after the other, and the
+    job ended in gloo's DEADLINE_EXCEEDED (and JAX aborting the other process). Once the
+    communicator exists, a process that arrives late at a collective is simply waited for.
+    """
+    if jax.default_backend() != "cpu":  # GPUs and TPUs have their own links
+        return
+    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    split = NamedSharding(Mesh(np.array(devices), ("all",)), PartitionSpec("all"))
+    ones = jax.make_array_from_process_local_data(split, np.ones(jax.local_device_count()))
+    total = jax.jit(jnp.sum).lower(ones).compile()  # compiled before the barrier: in step after it
+    try:
+        jax_distributed.global_state.client.wait_at_barrier("attn/collectives", timeout * 1000)
+    except Exception as e:  # a peer that died or hangs before its first collective
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(
+            f"process {jax.process_index()}: the other processes did not reach their first "
+            f"collective within {timeout} s ({reason})"
+        ) from None
+    total(ones).block_until_ready()
 
 
 def watch_peers(timeout: float, beat_seconds: float = 1.0) -> None:

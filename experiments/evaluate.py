@@ -4,12 +4,14 @@ confusion matrix, examples/s.
   python -m experiments.evaluate --workdir=runs/default [--split=test] [--checkpoint=best]
   python -m experiments.evaluate --workdir=runs/mine --path=new_reviews.csv
 
-Prints a table and writes DIR/eval_<split>.json, or DIR/eval_file_<name>.json for --path: every
-row of a CSV/TSV/JSONL file or folder that configs/csv.py could train on, whatever split its hash
-would give, read with the training run's text and label fields unless --text_field and
+Prints a table and writes DIR/evaluate_<split>.json, or DIR/evaluate_file_<name>.json for --path:
+every row of a CSV/TSV/JSONL file or folder that configs/csv.py could train on, whatever split its
+hash would give, read with the training run's text and label fields unless --text_field and
 --label_field say otherwise. Its labels must be ones the model was trained on; rows with another
-label count as malformed. Several processes run it like experiments.train (the same flags), each
-reading its rows of every batch; process 0 prints and writes.
+label count as malformed. With --checkpoint=checkpoints (the last one) the name ends in `_last`.
+The names are evaluate's own: the eval_test.json training wrote (with its baseline, and the sign
+that training finished) is never overwritten. Several processes run it like experiments.train
+(the same flags), each reading its rows of every batch; process 0 prints and writes.
 """
 
 import os
@@ -27,7 +29,7 @@ _FLAGS = user_files.Flags("--path", "--text_field", "--label_field")  # named in
 
 
 def evaluate_workdir(workdir: str, split: str, which: str = checkpoints.BEST) -> dict:
-    """Evaluates the workdir's `which` checkpoint on `split` and writes DIR/eval_<split>.json."""
+    """Evaluates the workdir's `which` checkpoint on `split` and writes `result_file`."""
     trained = workdirs.load(workdir, which)
     data = encoding.load(
         trained.config.data,
@@ -40,7 +42,7 @@ def evaluate_workdir(workdir: str, split: str, which: str = checkpoints.BEST) ->
             f"labels of the {split} data {list(data.label_names)} differ from the checkpoint's "
             f"{list(trained.label_names)}"
         )
-    return _evaluate(trained, data.splits[split], result_file(workdir, split=split))
+    return _evaluate(trained, data.splits[split], result_file(workdir, which, split=split))
 
 
 def evaluate_file(
@@ -51,7 +53,7 @@ def evaluate_file(
     label_field: str | None = None,
 ) -> dict:
     """Evaluates the workdir's `which` checkpoint on every row of the labelled file or folder at
-    `path` and writes DIR/eval_file_<name>.json (see the module docstring)."""
+    `path` and writes `result_file` (see the module docstring)."""
     trained = workdirs.load(workdir, which)
     d = trained.config.data
     options = datasets.file_options(d) | {"label_names": trained.label_names}
@@ -62,14 +64,17 @@ def evaluate_file(
     labels = np.concatenate([parts[s][1] for s in SPLITS])
     add_cls = trained.cfg.pooling == "cls"
     split = encoding.encode_split(trained.tokenizer, texts, labels, d, add_cls=add_cls)
-    return _evaluate(trained, split, result_file(workdir, path=path), path=path)
+    return _evaluate(trained, split, result_file(workdir, which, path=path), path=path)
 
 
-def result_file(workdir: str, split: str | None = None, path: str | None = None) -> str:
-    """Where the result goes: DIR/eval_<split>.json, or DIR/eval_file_<name>.json for a file."""
-    return os.path.join(
-        workdir, f"eval_file_{Path(path).stem}.json" if path else f"eval_{split}.json"
-    )
+def result_file(
+    workdir: str, which: str = checkpoints.BEST, split: str | None = None, path: str | None = None
+) -> str:
+    """Where the result goes: DIR/evaluate_<split>.json, or DIR/evaluate_file_<name>.json for a
+    file; `_last` before .json for the last checkpoint."""
+    name = f"file_{Path(path).stem}" if path else split
+    suffix = "" if which == checkpoints.BEST else "_last"
+    return os.path.join(workdir, f"evaluate_{name}{suffix}.json")
 
 
 def _evaluate(trained: workdirs.Trained, s: encoding.Split, out: str, **about: str) -> dict:
@@ -140,7 +145,7 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
         return
     print(f"{what}, checkpoint step {result['step']}")
     print(format_table(result, tuple(result["label_names"])))
-    print(f"written: {result_file(fv.workdir, fv.split, fv.path)}")
+    print(f"written: {result_file(fv.workdir, fv.checkpoint, fv.split, fv.path)}")
 
 
 if __name__ == "__main__":

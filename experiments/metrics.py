@@ -11,13 +11,21 @@ FILENAME = "metrics.jsonl"
 
 
 def confusion_metrics(confusion_CxC: np.ndarray) -> dict:
-    """Accuracy and macro-F1 from a confusion matrix (rows = true label, columns = prediction)."""
+    """Accuracy and macro-F1 from a confusion matrix (rows = true label, columns = prediction).
+
+    Macro-F1 averages over the classes that occur, as truth or as prediction (scikit-learn's
+    labels by default): a class absent from both, e.g. a stray label's class in a test split
+    without it, has no F1 to count, and counting it as 0 would lower the mean for nothing.
+    """
     total = confusion_CxC.sum()
     tp_C = np.diag(confusion_CxC).astype(np.float64)
-    precision_C = tp_C / np.maximum(confusion_CxC.sum(0), 1)
-    recall_C = tp_C / np.maximum(confusion_CxC.sum(1), 1)
+    predicted_C, true_C = confusion_CxC.sum(0), confusion_CxC.sum(1)
+    precision_C = tp_C / np.maximum(predicted_C, 1)
+    recall_C = tp_C / np.maximum(true_C, 1)
     f1_C = 2 * precision_C * recall_C / np.maximum(precision_C + recall_C, 1e-12)
-    return {"accuracy": float(tp_C.sum() / max(total, 1)), "macro_f1": float(f1_C.mean())}
+    occurs_C = (predicted_C + true_C) > 0
+    macro_f1 = f1_C[occurs_C].mean() if occurs_C.any() else 0.0
+    return {"accuracy": float(tp_C.sum() / max(total, 1)), "macro_f1": float(macro_f1)}
 
 
 # The best validation accuracy before any evaluation: below every accuracy, so the first

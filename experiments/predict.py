@@ -13,7 +13,10 @@ classified (empty, not UTF-8) gets the label `error` (`{"error": ...}` in JSON) 
 error on stderr; the others are still answered, and the exit status is 2 if any text failed. A
 text with no token the model knows (every character outside the vocabulary but for whitespace)
 gets the label `unknown` and no probability: the model has nothing to go on. Stderr says which
-checkpoint answers.
+checkpoint answers, and adds a line `note: text N: ...` for an answer that reads less than it
+seems: a text cut to the model's length (`read the first N and last K of M tokens`) or one
+whose tokens are mostly outside the vocabulary (`mostly unknown: ...`); with --json the same
+words are the object's `note`.
 """
 
 import json
@@ -24,42 +27,30 @@ from absl import flags
 
 from experiments import cli, forward, workdirs
 from experiments.cli import UserError
-from experiments.data import tokenizers
 
 HEADER = "label\tprobability\tmost-attended tokens (attention received)"
 UNKNOWN = "unknown"
-NO_KNOWN_TOKENS = (
-    "no known tokens: every token of the text but whitespace is outside the vocabulary"
-)
 
 
 def predict_one(trained: workdirs.Trained, text: str, top: int) -> dict:
     """Label, its probability and the `top` most-attended tokens of one text; label None and
-    probability None when the text has no token in the vocabulary."""
+    probability None when the text has no token in the vocabulary; `note` when the answer reads
+    less than it seems (see the module docstring)."""
     ids_L = workdirs.encode(trained, text)
-    tokens = trained.tokenizer.tokens(ids_L.tolist())
-    # PAD, UNK and CLS say nothing about the text, and neither do spaces between unknown words.
-    known = sum(
-        int(i) > tokenizers.CLS and bool(t.strip()) for i, t in zip(ids_L, tokens, strict=True)
-    )
-    if not known:
-        return {
-            "label": None,
-            "probability": None,
-            "top_tokens": [],
-            "num_tokens": len(ids_L),
-            "known_tokens": 0,
-            "note": NO_KNOWN_TOKENS,
-        }
+    r = workdirs.reading(trained, text, ids_L)
+    about = {"num_tokens": len(ids_L), "text_tokens": r.text_tokens, "known_tokens": r.known_tokens}
+    about |= {"note": "; ".join(r.notes)} if r.notes else {}
+    if not r.known_tokens:
+        return {"label": None, "probability": None, "top_tokens": [], **about}
     result = forward.analyse(trained.params, trained.cfg, ids_L, workdirs.encode_bag(trained, text))
     probs_C, received_L = result["probs"], result["received"]
     order = np.argsort(-received_L, kind="stable")[:top]
+    tokens = trained.tokenizer.tokens(ids_L.tolist())
     return {
         "label": trained.label_names[int(probs_C.argmax())],
         "probability": float(probs_C.max()),
         "top_tokens": [[tokens[i], float(received_L[i])] for i in order],
-        "num_tokens": len(ids_L),
-        "known_tokens": known,
+        **about,
     }
 
 
@@ -113,6 +104,8 @@ def main(fv: flags.FlagValues, argv: list[str]) -> int:
             failed += 1
             print(f"error: text {n}: {e}", file=sys.stderr)
             p = {"error": str(e)}
+        if p.get("label") and "note" in p:  # an unknown's note is its line on stdout
+            print(f"note: text {n}: {p['note']}", file=sys.stderr)
         print(json.dumps(p, ensure_ascii=False) if fv.json else format_line(p), flush=True)
     return 2 if failed else 0
 

@@ -131,7 +131,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     )
     result = evaluate(optimization.eval_params(best_state), test)
     result["step"] = int(best_state["step"])
-    result["label_names"] = list(data.label_names)
+    result["label_names"] = list(data.label_names)  # as evaluate's files have them
     if primary and t.baseline:
         texts = {s: (data.splits[s].texts, data.splits[s].labels) for s in SPLITS}
         result["baseline"] = baseline.fit_for_run(d, texts, workdir)

@@ -10,13 +10,17 @@ Writes into OUT (--out, default DIR/visualize), replacing what an earlier call l
                                       and query --query's scores before and after the softmax)
   attention.html                      every text's tokens shaded by the attention they receive,
                                       and the steps of the first text as tables of numbers
-and DIR/curves.png from DIR/metrics.jsonl. A call that fails changes none of them.
+and DIR/curves.png from DIR/metrics.jsonl. A call that fails changes none of them. A prediction
+that reads less than it seems (a text cut to the model's length, or mostly outside its
+vocabulary) gets a line `note: text N: ...` on stderr and the same words on the page, as in
+experiments.predict.
 """
 
 import os
 import re
 import secrets
 import shutil
+import sys
 
 import numpy as np
 from absl import flags
@@ -53,13 +57,14 @@ def visualize(
     cfg = trained.cfg
     _check_choice(cfg, layer=layer, head=head, window=window, pad_to=pad_to, max_tokens=max_tokens)
     _check_out(out)
-    encoded, bags = [], []  # every text is checked before anything is written
+    encoded, bags, notes = [], [], []  # every text is checked before anything is written
     for n, text in enumerate(texts, 1):
         try:
             encoded.append(workdirs.encode(trained, text))
             bags.append(workdirs.encode_bag(trained, text))
         except UserError as e:
             raise UserError(f"text {n}: {e}") from None
+        notes.append("; ".join(workdirs.reading(trained, text, encoded[-1]).notes))
     drawn = [_window(ids_L, window, pad_to) for ids_L in encoded]
     for n, ids_L in enumerate(drawn if steps else drawn[:1], 1):
         if not 0 <= query < len(ids_L):
@@ -67,6 +72,9 @@ def visualize(
                 f"text {n}: --query={query} is not one of its {len(ids_L)} drawn tokens "
                 f"(0 to {len(ids_L) - 1})"
             )
+    for n, note in enumerate(notes, 1):
+        if note:
+            print(f"note: text {n}: {note}", file=sys.stderr)
 
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
@@ -80,6 +88,7 @@ def visualize(
             encoded,
             bags,
             drawn,
+            notes,
             fresh,
             max_tokens=max_tokens,
             steps=steps,
@@ -146,6 +155,7 @@ def _draw(
     encoded: list[np.ndarray],
     bags: list[np.ndarray | None],
     drawn: list[np.ndarray],
+    notes: list[str],
     out: str,
     *,
     max_tokens: int,
@@ -159,12 +169,14 @@ def _draw(
     names, rows = [], []
     first = None
     x_title = _x_title(cfg, layer)
-    for n, (ids_L, bag_M, view_L) in enumerate(zip(encoded, bags, drawn, strict=True), 1):
+    for n, (ids_L, bag_M, view_L, note) in enumerate(
+        zip(encoded, bags, drawn, notes, strict=True), 1
+    ):
         result = forward.analyse(trained.params, cfg, ids_L, bag_M)
         tokens = trained.tokenizer.tokens(ids_L.tolist())
         label = trained.label_names[int(result["probs"].argmax())]
         caption = f"text {n}: {label} ({result['probs'].max():.2f})"
-        rows.append((caption, tokens, result["received"]))
+        rows.append((f"{caption} ({note})" if note else caption, tokens, result["received"]))
         for lay, w_HxLxL in enumerate(result["attention"]):
             for h, w_LxL in enumerate(w_HxLxL):
                 names.append(f"text{n}_layer{lay}_head{h}.png")

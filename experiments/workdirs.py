@@ -2,7 +2,8 @@
 one (config, tokenizer, model config and the weights to serve) for evaluate, predict and visualize.
 
 A workdir holds config.json, tokenizer.json and vocab.txt, checkpoints/ and best/ (see
-`checkpoints`), metrics.jsonl and tensorboard/, eval_<split>.json, curves.png and visualize/.
+`checkpoints`), metrics.jsonl and tensorboard/, eval_test.json and baseline.json (training's),
+evaluate_*.json (evaluate's), curves.png and visualize/.
 """
 
 import dataclasses
@@ -243,6 +244,60 @@ def encode_bag(trained: Trained, text: str) -> np.ndarray | None:
     raw = [trained.tokenizer.encode(encoding.check_text(text))]
     bags = encoding.bag_cut(raw, trained.config.data, trained.cfg.pooling == "cls")
     return None if bags is None else bags[0]
+
+
+NO_KNOWN_TOKENS = (
+    "no known tokens: every token of the text but whitespace is outside the vocabulary"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Reading:
+    """What the model reads of one text, for whoever reads its answer."""
+
+    text_tokens: int  # tokens of the whole text (CLS not counted)
+    known_tokens: int  # of those read: in the vocabulary, neither whitespace nor PAD/UNK/CLS
+    notes: list[str]  # when the answer reads less than it seems: mostly unknown tokens, a cut
+
+
+def reading(trained: Trained, text: str, ids_L: np.ndarray) -> Reading:
+    """`ids_L` is `encode(trained, text)`. A note says what was read of a text cut to max_len,
+    and that most (or all) of what was read is outside the vocabulary: an answer resting on
+    few tokens, or on none."""
+    tokens = trained.tokenizer.tokens(ids_L.tolist())
+    # PAD, UNK and CLS say nothing about the text, and neither do spaces between unknown words.
+    known = sum(
+        int(i) > tokenizers.CLS and bool(t.strip()) for i, t in zip(ids_L, tokens, strict=True)
+    )
+    unknown = int(np.sum(ids_L == tokenizers.UNK))
+    notes = []
+    if not known:
+        notes.append(NO_KNOWN_TOKENS)
+    elif unknown > known:
+        notes.append(
+            f"mostly unknown: {unknown} of {known + unknown} tokens read are outside the "
+            f"vocabulary, so the answer rests on the other {known}"
+        )
+    whole = len(trained.tokenizer.encode(encoding.check_text(text)))
+    add_cls = trained.cfg.pooling == "cls"
+    data = trained.config.data
+    if whole > trained.cfg.max_len - add_cls:
+        note = f"read {_part_read(trained.cfg.max_len - add_cls, data.tail_len)} of {whole} tokens"
+        if trained.cfg.bag_buckets and data.bag_len:  # the bag reads more than attention does
+            bag = encoding.bag_window(data, add_cls)
+            bag_keep = bag["max_len"] - add_cls
+            bag_read = "all" if whole <= bag_keep else _part_read(bag_keep, bag["tail_len"])
+            note += f" (its bag: {bag_read})"
+        notes.append(note)
+    return Reading(whole, known, notes)
+
+
+def _part_read(keep: int, tail_len: int) -> str:
+    """What `encoding.cut` keeps of a longer text, in words."""
+    head = keep - tail_len
+    if not tail_len:
+        return f"the first {head}"
+    return f"the first {head} and last {tail_len}" if head else f"the last {tail_len}"
 
 
 def model_config(meta: dict, where: str) -> classifier.ModelConfig:

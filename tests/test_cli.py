@@ -3,6 +3,7 @@ this process through the same flag parsing and error handling, with `predict` an
 resume also run as real processes."""
 
 import csv
+import dataclasses
 import json
 import os
 import shutil
@@ -18,15 +19,33 @@ from experiments.data import datasets
 
 
 def test_evaluate_predict_visualize_commands(trained_copy, capsys):
-    proc = run_here(
-        "experiments.evaluate", f"--workdir={trained_copy}", "--split=test", capsys=capsys
-    )
-    assert proc.returncode == 0, proc.stderr
-    with open(os.path.join(trained_copy, "eval_test.json"), encoding="utf-8") as f:
+    training_result = os.path.join(trained_copy, "eval_test.json")
+    with open(training_result, "rb") as f:
+        written_by_training = f.read()
+    for checkpoint, name in (
+        ("best", "evaluate_test.json"),
+        ("checkpoints", "evaluate_test_last.json"),
+    ):
+        argv = [f"--workdir={trained_copy}", "--split=test", f"--checkpoint={checkpoint}"]
+        proc = run_here("experiments.evaluate", *argv, capsys=capsys)
+        assert proc.returncode == 0, proc.stderr
+        with open(os.path.join(trained_copy, name), encoding="utf-8") as f:
+            result = json.load(f)
+        assert {"accuracy", "macro_f1", "loss", "confusion", "num_examples"} <= set(result)
+        assert result["num_examples"] == 1726 and result["label_names"] == ["neg", "pos"]
+        assert f"{result['accuracy']:.4f}" in proc.stdout and "confusion" in proc.stdout
+        assert f"written: {os.path.join(trained_copy, name)}" in proc.stdout
+    # Training's own result stays as it wrote it, and the best checkpoint scores the same.
+    with open(training_result, "rb") as f:
+        assert f.read() == written_by_training
+    training = json.loads(written_by_training)
+    with open(os.path.join(trained_copy, "evaluate_test.json"), encoding="utf-8") as f:
         result = json.load(f)
-    assert {"accuracy", "macro_f1", "loss", "confusion", "num_examples"} <= set(result)
-    assert result["num_examples"] == 1726
-    assert f"{result['accuracy']:.4f}" in proc.stdout and "confusion" in proc.stdout
+    assert training["label_names"] == ["neg", "pos"]
+    assert (training["accuracy"], training["confusion"]) == (
+        result["accuracy"],
+        result["confusion"],
+    )
 
     # A real process: stdout, stderr and the exit status as a shell sees them.
     proc = run("experiments.predict", f"--workdir={trained_copy}", "--top=2", "很好看", "太差了")
@@ -68,13 +87,13 @@ def test_evaluate_on_a_labelled_file_matches_the_split_it_holds(trained_copy, tm
     argv = [f"--workdir={trained_copy}", f"--path={path}"]
     proc = run_here("experiments.evaluate", *argv, "--text_field=review", capsys=capsys)
     assert proc.returncode == 0, proc.stderr
-    with open(os.path.join(trained_copy, "eval_file_held.json"), encoding="utf-8") as f:
+    with open(os.path.join(trained_copy, "evaluate_file_held.json"), encoding="utf-8") as f:
         got = json.load(f)
     # Every row, whatever split its hash gives it: the same texts score as the split does.
     assert got["num_examples"] == split["num_examples"] == len(texts)
     assert (got["accuracy"], got["confusion"]) == (split["accuracy"], split["confusion"])
     assert got["loss"] == pytest.approx(split["loss"], rel=1e-5) and got["path"] == str(path)
-    assert f"{path} (every row)" in proc.stdout and "eval_file_held.json" in proc.stdout
+    assert f"{path} (every row)" in proc.stdout and "evaluate_file_held.json" in proc.stdout
     # The training run's column names by default; labels the model does not know are bad rows.
     # ... and the message names this command's flags, not the training config's fields.
     assert_one_line_error(
@@ -87,6 +106,63 @@ def test_evaluate_on_a_labelled_file_matches_the_split_it_holds(trained_copy, tm
     assert_one_line_error(
         run_here("experiments.evaluate", *argv, capsys=capsys), "--path=", "unknown label '1'"
     )
+
+
+def test_an_answer_that_reads_less_than_it_seems_says_so(trained_copy, capsys):
+    """A text cut to max_len (64 here) and one mostly outside the vocabulary each get a note: in
+    predict's JSON and on stderr, with stdout still one line per text, and in visualize."""
+    trained = workdirs.load(trained_copy)
+    half, mostly, long = "好看𓀀𓀀", "好𓀀𓀀𓀀", "好" * 300  # 𓀀 is outside the vocabulary
+    assert "note" not in predict.predict_one(trained, half, top=3)  # half unknown: no note
+    p = predict.predict_one(trained, mostly, top=3)
+    assert p["label"] in ("neg", "pos") and p["known_tokens"] == 1
+    assert p["note"] == (
+        "mostly unknown: 3 of 4 tokens read are outside the vocabulary, so the answer rests on "
+        "the other 1"
+    )
+    p = predict.predict_one(trained, long, top=3)
+    assert (p["num_tokens"], p["text_tokens"]) == (64, 300)
+    assert p["note"] == "read the first 64 of 300 tokens"
+
+    stdin = "\n".join([half, mostly, long]).encode()
+    for as_json in (False, True):
+        argv = [f"--workdir={trained_copy}", *(["--json"] if as_json else [])]
+        proc = run_here("experiments.predict", *argv, stdin=stdin, capsys=capsys)
+        assert proc.returncode == 0, proc.stderr
+        assert len(proc.stdout.strip().splitlines()) == 3 + (not as_json)
+        notes = [line for line in proc.stderr.splitlines() if line.startswith("note: ")]
+        assert notes == [
+            "note: text 2: mostly unknown: 3 of 4 tokens read are outside the vocabulary, so the "
+            "answer rests on the other 1",
+            "note: text 3: read the first 64 of 300 tokens",
+        ]
+        if as_json:
+            answers = [json.loads(line) for line in proc.stdout.splitlines()]
+            assert ["note" in a for a in answers] == [False, True, True]
+
+    proc = run_here("experiments.visualize", f"--workdir={trained_copy}", half, long, capsys=capsys)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip() == "note: text 2: read the first 64 of 300 tokens"
+    with open(os.path.join(trained_copy, "visualize", "attention.html"), encoding="utf-8") as f:
+        assert "(read the first 64 of 300 tokens)" in f.read()
+
+
+def test_a_cut_note_names_the_tail_and_what_the_bag_read(trained_copy):
+    trained = workdirs.load(trained_copy)
+    config = workdirs.read_config(os.path.join(trained_copy, "config.json"))
+    config.data.tail_len, config.data.bag_len = 48, 256
+    with_tail = dataclasses.replace(trained, config=config)
+    ids = workdirs.encode(with_tail, "好" * 300)
+    assert workdirs.reading(with_tail, "好" * 300, ids).notes == [
+        "read the first 16 and last 48 of 300 tokens"
+    ]
+    with_bag = dataclasses.replace(with_tail, cfg=dataclasses.replace(trained.cfg, bag_buckets=64))
+    assert workdirs.reading(with_bag, "好" * 300, ids).notes == [
+        "read the first 16 and last 48 of 300 tokens (its bag: the first 64 and last 192)"
+    ]
+    assert workdirs.reading(with_bag, "好" * 200, ids).notes == [
+        "read the first 16 and last 48 of 200 tokens (its bag: all)"
+    ]
 
 
 def test_predict_line_shows_small_attention_shares():

@@ -92,6 +92,16 @@ def test_embedded_labels_match_source_files(embedded):
         assert (t in pos) == (y == 1), t
 
 
+def test_preparing_the_embedded_data_says_so_on_stderr_not_downloading_on_stdout(tmp_path, capsys):
+    datasets.load_splits(_cfg(data_dir=str(tmp_path)), ("test",))
+    out, err = capsys.readouterr()
+    assert "Downloading" not in out and "downloaded" not in out
+    assert f"prepared the embedded dataset chinese_reviews in {tmp_path}" in err
+    # A dataset that does download still says so.
+    tfds.builder("imdb_reviews", data_dir=str(tmp_path))._log_download_bytes()
+    assert capsys.readouterr().out.startswith("Downloading and preparing dataset ")
+
+
 def test_hash_fraction_is_sha1_of_normal_form():
     # Independent of Python's salted hash(): pinned to sha1, and NFKC makes width variants equal.
     expected = int.from_bytes(hashlib.sha1(b"GOOD!").digest()[:8], "big") / 2.0**64

@@ -164,6 +164,49 @@ def test_sigkill_of_one_process_then_both_then_restart_is_identical(request, tfd
         assert resumed == {k: v for k, v in json.load(f).items() if k != "examples_per_sec"}
 
 
+# Process 1 reaches its first collective 40 s after process 0, as after a slow compile or
+# checkpoint restore on a loaded machine: longer than the 30 s gloo gives a process to join a new
+# communicator. (Creating JAX's CPU backend makes the processes meet: train does it at once, so
+# here it comes before the delay.) Each process prints the sum over the global batch of its rows
+# (1s and 2s).
+_LATE_FIRST_COLLECTIVE = """
+import sys, time
+import jax, numpy as np
+from experiments import devices, distributed
+port, pid = sys.argv[1], int(sys.argv[2])
+distributed.initialize(f"127.0.0.1:{port}", 2, pid, timeout=120)
+dp = devices.data_parallel({"batch_size": 8, "eval_batch_size": 8})  # the processes meet here
+if pid == 1:
+    time.sleep(40)
+x = dp.put({"x": np.full(4, pid + 1.0, np.float32)})["x"]
+print(float(jax.jit(lambda x: x.sum())(x)))
+"""
+
+
+@pytest.mark.slow
+def test_a_process_late_at_its_first_collective_is_waited_for(tmp_path):
+    port = _free_port()
+    env = {
+        **os.environ,
+        "XLA_FLAGS": f"{os.environ['XLA_FLAGS']} --xla_force_host_platform_device_count=2",
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _LATE_FIRST_COLLECTIVE, str(port), str(pid)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for pid in (0, 1)
+    ]
+    for p in procs:
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err[-3000:]
+        assert out.split()[-1] == "12.0"  # after gloo's own "[Gloo] Rank ..." lines
+
+
 def test_unreachable_coordinator_is_one_line_error_within_the_timeout(tfds_dir, tmp_path):
     port = _free_port()  # nobody listens there
     timeout = 3

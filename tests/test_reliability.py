@@ -359,6 +359,10 @@ def test_predict_command_bad_lines_on_stdin(trained, capsys):
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         source, *errors = proc.stderr.strip().splitlines()
         assert source.startswith("answering from the best checkpoint (step "), source
+        notes = [line for line in errors if line.startswith("note: ")]
+        cut = list(TEXTS).index("1 MB line") + 1
+        assert notes == [f"note: text {cut}: read the first 64 of {len(MB_LINE)} tokens"]
+        errors = [line for line in errors if line not in notes]
         assert len(errors) == len(bad)
         for line, n in zip(errors, bad, strict=True):
             assert line.startswith(f"error: text {n}: "), line
@@ -548,7 +552,7 @@ def test_evaluate_bad_workdir_or_data(case, trained_copy, tmp_path):
         result = evaluate.evaluate_workdir(trained_copy, "train")
         assert result["num_examples"] > 30 and 0 <= result["accuracy"] <= 1
         after = tree_hash(trained_copy)
-        assert after.pop("eval_train.json") and after == before  # the one file evaluate writes
+        assert after.pop("evaluate_train.json") and after == before  # the one file evaluate writes
 
 
 # ---------------------------------------------------------------------------------------------

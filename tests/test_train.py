@@ -39,6 +39,7 @@ def test_training_writes_checkpoints_metrics_and_test_results(trained):
         test = json.load(f)
     assert EVAL_KEYS <= set(test)
     assert test["num_examples"] == 1726 and np.sum(test["confusion"]) == 1726
+    assert test["label_names"] == ["neg", "pos"]  # as evaluate's files name them
     assert 0.0 <= test["accuracy"] <= 1.0 and np.isfinite(test["loss"])
     assert sorted(os.listdir(os.path.join(trained, "checkpoints"))) == ["3", "6"]
     assert len(os.listdir(os.path.join(trained, "best"))) == 1
@@ -73,7 +74,7 @@ def test_evaluate_predict_visualize(trained_copy, tmp_path):
     result = evaluate.evaluate_workdir(trained_copy, "validation")
     assert EVAL_KEYS <= set(result)
     assert result["num_examples"] == 1759
-    with open(os.path.join(trained_copy, "eval_validation.json"), encoding="utf-8") as f:
+    with open(os.path.join(trained_copy, "evaluate_validation.json"), encoding="utf-8") as f:
         assert json.load(f)["accuracy"] == result["accuracy"]
     # The best checkpoint's validation accuracy is the one logged when it was saved.
     best = max(r["accuracy"] for r in metric_rows(trained_copy) if r["split"] == "validation")

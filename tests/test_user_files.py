@@ -190,8 +190,70 @@ def test_binary_file(tmp_path):
     p.write_text("text,label\nhello,pos\n", encoding="utf-16")
     with pytest.raises(UserError, match="is UTF-16 text; save it as UTF-8"):
         _load(str(p))
-    p.write_text("text,label\n" + "très café à Noël,pos\n" * 50, encoding="cp1252")
-    with pytest.raises(UserError, match=r"is not UTF-8 \(Windows-1252 or Latin-1\?\)"):
+    p.write_bytes("text,label\nhello,pos\n".encode("utf-16-le") * 10)  # no BOM
+    with pytest.raises(
+        UserError, match=r"is UTF-16 text; save it as UTF-8 \(iconv -f UTF-16 -t UTF-8 does\)"
+    ):
+        _load(str(p))
+
+
+# Reviews as spreadsheet users write them, each saved in the encoding its Windows would use.
+SIMPLIFIED = [
+    "这本书很好看，推荐给大家。",
+    "服务态度非常好，房间也很干净。",
+    "质量太差了，不会再买。",
+]
+TRADITIONAL = [
+    "這本書很好看，推薦給大家。",
+    "服務態度非常好，房間也很乾淨。",
+    "質量太差了，不會再買。",
+]
+JAPANESE = [
+    "この映画はとても面白かったです。",
+    "サービスが悪くて、二度と行きません。",
+    "値段の割に品質が良い。",
+]
+FRENCH = [
+    "très bon café à Noël, je recommande",
+    "Ça ne marche pas du tout, déçu",
+    "L’hôtel était « parfait »",
+]
+GERMAN = ["Größe passt, schöne Qualität", "Überhaupt nicht zufrieden", "Äußerst gut verarbeitet"]
+SPANISH = ["El envío llegó rápido", "¡Me encantó! Excelente atención", "¿Vale la pena? No, señor."]
+# Every accent inside a word, some in pairs of high bytes: read as GBK these are valid pairs.
+GERMAN_WORDS = ["Größe schön", "übermäßig Gefäß", "Straße Maße", "Äußerung"]
+
+
+@pytest.mark.parametrize(
+    "texts, codec, named, iconv",
+    [
+        (SIMPLIFIED, "gbk", "GBK/GB18030", "GB18030"),
+        (SIMPLIFIED, "gb18030", "GBK/GB18030", "GB18030"),
+        (TRADITIONAL, "gbk", "GBK/GB18030", "GB18030"),  # GBK holds traditional characters too
+        (TRADITIONAL, "big5", "Big5", "BIG5"),
+        (JAPANESE, "shift_jis", "Shift-JIS", "SHIFT_JIS"),
+        (JAPANESE, "cp932", "Shift-JIS", "SHIFT_JIS"),  # Windows' Shift-JIS
+        (FRENCH, "cp1252", "Windows-1252 or Latin-1", "WINDOWS-1252"),
+        (GERMAN, "latin-1", "Windows-1252 or Latin-1", "WINDOWS-1252"),
+        (SPANISH, "cp1252", "Windows-1252 or Latin-1", "WINDOWS-1252"),
+        (GERMAN_WORDS, "latin-1", "Windows-1252 or Latin-1", "WINDOWS-1252"),
+        (["好", "差", "棒"], "gbk", "GBK/GB18030", "GB18030"),  # one character a row
+    ],
+)
+def test_a_file_not_in_utf8_names_its_encoding(tmp_path, texts, codec, named, iconv):
+    p = tmp_path / "d.csv"
+    rows = [f"{t},{'pos' if i % 2 else 'neg'}" for i, t in enumerate(texts * 40)]
+    p.write_bytes(("text,label\n" + "\n".join(rows) + "\n").encode(codec))
+    with pytest.raises(UserError, match="is not UTF-8 but ") as e:
+        _load(str(p))
+    assert f"is not UTF-8 but {named}" in str(e.value)
+    assert f"(iconv -f {iconv} -t UTF-8 does)" in str(e.value)
+
+
+def test_an_encoding_not_recognised_is_not_guessed(tmp_path):
+    p = tmp_path / "d.csv"
+    p.write_bytes(b"text,label\n" + b"\x80\xff\x80\xff\x80\xff,pos\n" * 50)
+    with pytest.raises(UserError, match="is not UTF-8, nor any encoding recognised; save it as"):
         _load(str(p))
 
 
@@ -233,3 +295,49 @@ def test_the_advice_for_a_label_seen_once_is_a_flag_that_works(tmp_path, capsys)
     )
     assert proc.returncode == 0 and "labels ['neg', 'pos']" in proc.stdout
     assert "line 202: unknown label 'neutral'" in proc.stderr
+
+
+def _reviews(n: int) -> list[str]:
+    return [
+        f"评论{i}很{'好' if i % 2 else '差'},{'positive' if i % 2 else 'negative'}"
+        for i in range(n)
+    ]
+
+
+def test_a_quote_that_never_closes_is_named_and_every_line_it_swallows_counts(tmp_path):
+    rows = _reviews(499)
+    rows[14] = '"未闭合的引号，positive'  # line 16 of the file
+    path = _csv(tmp_path, ["text,label", *rows])
+    message = (
+        "485 of 499 rows malformed: line 16: a quote opens here and never closes, so lines 16-500 "
+        "would be read as one field"
+    )
+    for fraction in (0.01, 0.5):  # not "1 of 15 rows": 485 rows are lost
+        with pytest.raises(UserError, match=message):
+            _load(path, max_bad_fraction=fraction)
+
+
+def test_a_quote_that_closes_rows_later_is_named(tmp_path, capsys):
+    rows = _reviews(999)
+    rows[14] = '"未闭合的引号，positive'
+    rows[20] = '他说"好",positive'  # the quote closes here, on line 22
+    path = _csv(tmp_path, ["text,label", *rows])
+    with pytest.raises(UserError, match="line 16: a quote opens here and closes only on line 22"):
+        _load(path, max_bad_fraction=0.005)
+    out = _load(path)  # 7 of 999 is under 1%: a warning, and the 7 are not trained on
+    err = capsys.readouterr().err
+    assert "7 of 999 rows malformed: line 16: a quote opens here and closes only on line 22" in err
+    assert sum(len(t) for t, _, _ in out.values()) == 992
+    assert not any("未闭合" in t for texts, _, _ in out.values() for t in texts)
+
+
+def test_a_row_with_an_extra_field_is_malformed(tmp_path, capsys):
+    rows = _reviews(200)
+    rows[9] = "很好,positive,extra"
+    out = _load(_csv(tmp_path, ["text,label", *rows]))
+    err = capsys.readouterr().err
+    assert "1 of 200 rows malformed: line 11: 3 fields where the header has 2" in err
+    assert sum(len(t) for t, _, _ in out.values()) == 199
+    tsv = _csv(tmp_path, ["text\tlabel", *(r.replace(",", "\t") for r in rows)], name="d.tsv")
+    with pytest.raises(UserError, match=r"line 11: 3 fields where the header has 2 \(a tab in"):
+        _load(tsv, max_bad_fraction=0.0)

@@ -14,9 +14,11 @@ Labels are strings (a column of 0/1 gives the label names ("0", "1"); JSON true/
 Splits: the text's stable hash decides (`splits.split_of`, 80/10/10); a `train` folder without
 a `validation` sibling gives 10% of its texts (`splits.held_out`) to validation.
 
-Malformed rows (missing field, empty text, empty or unknown label, undecodable bytes, NUL bytes,
-invalid JSON) are skipped and counted; more than `max_bad_fraction` of them is a UserError, fewer is
-a warning on stderr. Both name the first few by line number (or file, for folders).
+Malformed rows (missing field, more fields than the header, empty text, empty or unknown label,
+undecodable bytes, NUL bytes, invalid JSON) are skipped and counted; more than `max_bad_fraction`
+of them is a UserError, fewer is a warning on stderr. Both name the first few by line number (or
+file, for folders). A CSV quote left open would make the lines up to where it closes (or the end
+of the file) one field: that row is named, and every line it swallowed counts as a malformed row.
 """
 
 import collections
@@ -27,6 +29,7 @@ import json
 import os
 import re
 import sys
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -40,8 +43,9 @@ FILE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".ndjson")
 _SHOW_BAD = 5  # how many malformed rows a message names
 _LINE_END = re.compile(r"\r\n|\r|\n")
 
-# (where, text, label, split hint, error): text/label None when missing; error set when unparsable.
-Row = tuple[str, "str | None", "str | None", "str | None", "str | None"]
+# (where, text, label, split hint, error): text/label None when missing; error set when unparsable;
+# where None for a row that counts but is not named (a line swallowed by another row's quote).
+Row = tuple["str | None", "str | None", "str | None", "str | None", "str | None"]
 
 
 class Flags(NamedTuple):
@@ -115,8 +119,10 @@ def load(
 
     good, bad = _check_rows(rows, label_names)
     if bad:
-        shown = "; ".join(f"{where}: {why}" for where, why in bad[:_SHOW_BAD])
-        more = f" (and {len(bad) - _SHOW_BAD} more)" if len(bad) > _SHOW_BAD else ""
+        named_bad = [(where, why) for where, why in bad if where is not None]
+        shown = "; ".join(f"{where}: {why}" for where, why in named_bad[:_SHOW_BAD])
+        more = len(named_bad) - _SHOW_BAD
+        more = f" (and {more} more)" if more > 0 else ""
         msg = f"{named}: {len(bad)} of {len(rows)} rows malformed: {shown}{more}"
         if len(bad) > max_bad_fraction * len(rows):
             raise UserError(f"{msg}; that is more than data.max_bad_fraction={max_bad_fraction}")
@@ -174,7 +180,7 @@ def _assign_split(text: str, hint: str | None, has_validation: bool) -> str:
 
 def _check_rows(
     rows: list[Row], label_names: Sequence[str] | None
-) -> tuple[list[tuple[str, str, str | None]], list[tuple[str, str]]]:
+) -> tuple[list[tuple[str, str, str | None]], list[tuple[str | None, str]]]:
     """Splits rows into good (text, label, split hint) and bad (where, reason)."""
     known = set(label_names) if label_names else None
     good, bad = [], []
@@ -220,14 +226,111 @@ def _decode(raw: bytes) -> str:
 def _not_text(raw: bytes) -> str | None:
     """Why a file cannot be read as UTF-8 text, judged from its start, or None if it can."""
     head = raw[:8192]
-    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
-        return "is UTF-16 text; save it as UTF-8"
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")) or _utf16_without_bom(head):
+        return "is UTF-16 text; save it as UTF-8 (iconv -f UTF-16 -t UTF-8 does)"
     if sum(b < 32 and b not in b"\t\n\r\f\v" for b in head) > 0.1 * len(head):
         return "looks binary, not UTF-8 text"
-    if head.decode("utf-8", "replace").count("\ufffd") > 0.1 * len(head):
-        # Often a spreadsheet's export in Windows-1252 or Latin-1, where every accent is invalid.
-        return "is not UTF-8 (Windows-1252 or Latin-1?); save it as UTF-8"
+    # Mostly ASCII with a few accents, each invalid, is as surely not UTF-8 as Chinese in GBK.
+    invalid = len(_UNDECODABLE.findall(head.decode("utf-8", "surrogateescape")))
+    if invalid > 0.1 * len(head) or invalid >= 8 and invalid > 0.5 * sum(b > 0x7F for b in head):
+        if guess := _legacy_encoding(head):
+            name, iconv = guess
+            return f"is not UTF-8 but {name}; save it as UTF-8 (iconv -f {iconv} -t UTF-8 does)"
+        return "is not UTF-8, nor any encoding recognised; save it as UTF-8"
     return None
+
+
+def _utf16_without_bom(head: bytes) -> bool:
+    """Mostly ASCII in UTF-16 puts a NUL in every other byte."""
+    halves = head[0::2], head[1::2]
+    return len(head) >= 64 and any(h.count(0) > 0.4 * len(h) for h in halves)
+
+
+# Encodings a spreadsheet saves text in where it does not write UTF-8 (Excel on Chinese, Taiwanese,
+# Japanese and Western Windows): (name in messages, iconv's name, Python's codec).
+_LEGACY = (
+    ("GBK/GB18030 (Chinese)", "GB18030", "gb18030"),
+    ("Big5 (traditional Chinese)", "BIG5", "big5"),
+    ("Shift-JIS (Japanese)", "SHIFT_JIS", "shift_jis"),
+    ("Windows-1252 or Latin-1", "WINDOWS-1252", "cp1252"),
+)
+_NON_ASCII = re.compile(r"[^\x00-\x7f]+")
+
+
+def _legacy_encoding(head: bytes) -> tuple[str, str] | None:
+    """The encoding of `head` among _LEGACY, judged by what its non-ASCII characters decode to.
+
+    Their byte ranges overlap, so nearly any of them decodes another's text without an error,
+    into rare characters: GBK's pairs read as Big5 or Shift-JIS are rare or half-width kana,
+    Big5's trail bytes below 0xA1 are GBK extensions, Latin-1's accents before an ASCII letter
+    are rare GBK or Big5 pairs, and CJK read as Windows-1252 is a run of accented letters and
+    symbols. So each candidate's score is the share of non-ASCII characters that are common in
+    the script it is for; the best is named only when nearly all of them are.
+    """
+    scores = {}
+    for name, iconv, codec in _LEGACY:
+        text = _decode_prefix(head, codec)
+        if text is None:
+            continue
+        if codec == "cp1252":  # isolated accents in words, not runs of them
+            runs = _NON_ASCII.findall(text)
+            common = sum(len(r) for r in runs if len(r) <= 3 and all(map(_latin, r)))
+        else:  # accents inside a Latin word decode to CJK characters between ASCII letters
+            padded = f" {text} "
+            common = sum(
+                _common(c, codec)
+                and not (_ascii_letter(padded[i]) and _ascii_letter(padded[i + 2]))
+                for i, c in enumerate(text)
+                if ord(c) > 0x7F
+            )
+        scores[(name, iconv)] = common / max(sum(ord(c) > 0x7F for c in text), 1)
+    best = max(scores, key=scores.get, default=None)
+    return best if best is not None and scores[best] >= 0.9 else None
+
+
+def _decode_prefix(head: bytes, codec: str) -> str | None:
+    """`head` decoded strictly, allowing a character cut at its end; None if it does not decode."""
+    for cut in range(4):
+        try:
+            return head[: len(head) - cut].decode(codec)
+        except UnicodeDecodeError:
+            continue
+    return None
+
+
+def _ascii_letter(c: str) -> bool:
+    return c.isascii() and c.isalpha()
+
+
+def _latin(c: str) -> bool:
+    return (
+        unicodedata.category(c).startswith("L")
+        and "LATIN" in unicodedata.name(c, "")
+        or (c in "\xa0«»‘’‚“”„–—…€£°·§¿¡")
+    )
+
+
+# Per codec, the lead bytes of its common characters: punctuation and the frequent-character
+# level (GB2312's hanzi; Big5's level 1; JIS level 1 kanji, hiragana, katakana and symbols).
+_COMMON_LEADS = {
+    "gb18030": (range(0xA1, 0xA4), range(0xB0, 0xF8)),
+    "big5": (range(0xA1, 0xA4), range(0xA4, 0xC7)),
+    "shift_jis": (range(0x81, 0x85), range(0x88, 0x99)),
+}
+
+
+def _common(c: str, codec: str) -> bool:
+    if codec == "gb18030":  # GBK also holds traditional characters, outside GB2312
+        return _common_in(c, "gb2312", "gb18030") or _common_in(c, "big5", "big5")
+    return _common_in(c, codec, codec)
+
+
+def _common_in(c: str, codec: str, leads: str) -> bool:
+    try:
+        encoded = c.encode(codec)
+    except UnicodeEncodeError:
+        return False
+    return len(encoded) == 2 and any(encoded[0] in r for r in _COMMON_LEADS[leads])
 
 
 def _read_text_file(p: Path, named: str) -> str:
@@ -253,10 +356,8 @@ def _table_rows(
     named: str, text: str, fields: tuple[str, str], flags: Flags, *, tsv: bool
 ) -> list[Row]:
     text_field, label_field = fields
-    if tsv:
-        reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE)
-    else:
-        reader = csv.reader(io.StringIO(text, newline=""))
+    dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if tsv else {}
+    reader = csv.reader(io.StringIO(text, newline=""), **dialect)
     try:
         header = next(reader)
         while not header:  # leading blank lines
@@ -274,20 +375,61 @@ def _table_rows(
                 raise UserError(
                     f"{named}: no column {field!r} ({flag}); the header has {header}{hint}"
                 )
-        ti, li = header.index(text_field), header.index(label_field)
-        rows: list[Row] = []
+        records = []  # (first line, last line, fields)
         start = reader.line_num + 1
         for record in reader:
             if record:
-                text_v = record[ti] if ti < len(record) else None
-                label_v = record[li] if li < len(record) else None
-                rows.append((f"line {start}", text_v, label_v, None, None))
+                records.append((start, reader.line_num, record))
             start = reader.line_num + 1
     except csv.Error as e:
         raise UserError(f"{named}: unreadable at line {reader.line_num}: {e}") from e
-    if not rows:
+    if not records:
         raise UserError(f"{named} has a header but no data rows")
+    ti, li = header.index(text_field), header.index(label_field)
+    lines = io.StringIO(text, newline="").readlines()  # as the reader counts them
+    # Labels of one-line rows: a line inside a quoted field that ends in one of them is a row.
+    labels = {r[li].strip() for a, b, r in records if a == b and len(r) == len(header)}
+    separator = "a tab" if tsv else "a comma"
+    rows: list[Row] = []
+    for first, last, record in records:
+        where = f"line {first}"
+        swallowed = [ln for ln in lines[first:last] if ln.strip()]
+        inner = lines[first : last - 1]  # the last line, where a quote closes, always looks a row
+        one_field = f"so lines {first}-{last} would be read as one field"
+        if swallowed and last == len(lines) and _quote_never_closes(lines[first - 1 :], dialect):
+            why = f"a quote opens here and never closes, {one_field}"
+        elif any(_looks_like_a_row(ln, dialect, len(header), li, labels) for ln in inner):
+            why = f"a quote opens here and closes only on line {last}, {one_field}"
+        elif len(record) > len(header):
+            why = (
+                f"{len(record)} fields where the header has {len(header)} "
+                f"({separator} in the text?)"
+            )
+        else:
+            text_v = record[ti] if ti < len(record) else None
+            label_v = record[li] if li < len(record) else None
+            rows.append((where, text_v, label_v, None, None))
+            continue
+        rows.append((where, None, None, None, why))
+        # Each line the quote swallowed is a row lost: they count against max_bad_fraction.
+        rows.extend((None, None, None, None, why) for _ in swallowed)
     return rows
+
+
+def _quote_never_closes(lines: list[str], dialect: dict) -> bool:
+    """Whether the file's end, read from the first of `lines`, is inside a quoted field."""
+    try:
+        list(csv.reader(lines, strict=True, **dialect))
+    except csv.Error as e:
+        return "unexpected end of data" in str(e)
+    return False
+
+
+def _looks_like_a_row(line: str, dialect: dict, width: int, li: int, labels: set[str]) -> bool:
+    """A line inside a quoted field that parses alone as a whole row with a label seen elsewhere:
+    a quote left open swallowed it. A review's own line breaks seldom end in `,pos`."""
+    fields = next(csv.reader([line], **dialect), [])
+    return len(fields) == width and fields[li].strip() in labels
 
 
 def _jsonl_rows(named: str, text: str, fields: tuple[str, str], flags: Flags) -> list[Row]:
