@@ -3,6 +3,7 @@ only its declared dependencies; entry points in experiments/ are imported by no 
 
 import ast
 import importlib.metadata
+import json
 import os
 import pathlib
 import re
@@ -53,9 +54,20 @@ def test_no_module_in_experiments_imports_an_entry_point():
             assert not names & entry_points, f"{path.relative_to(ROOT)} imports {names}"
 
 
+def _installed_root() -> pathlib.Path:
+    """Where the installed packages live: this checkout for `pip install -e .` (what `make`
+    does), site-packages for `pip install .`."""
+    # pip's record of the install (the checkout's own attn.egg-info, beside it, has none).
+    for dist in importlib.metadata.distributions(name="attn"):
+        url = dist.read_text("direct_url.json")
+        if url and not json.loads(url).get("dir_info", {}).get("editable"):
+            return pathlib.Path(dist.locate_file(""))
+    return ROOT
+
+
 def test_installed_packages_import_from_anywhere(tmp_path):
     """From another directory, beside a folder named `attn` (e.g. a clone seen from its parent),
-    the installed attn, experiments and configs are the repository's."""
+    the installed attn, experiments and configs are imported, not the folder."""
     (tmp_path / "attn").mkdir()
     script = tmp_path / "script.py"
     script.write_text(
@@ -66,10 +78,11 @@ def test_installed_packages_import_from_anywhere(tmp_path):
         [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, check=True
     )
     paths = [pathlib.Path(p) for p in out.stdout.split()]
+    root = _installed_root()
     assert paths == [
-        ROOT / "attn" / "__init__.py",
-        ROOT / "configs" / "default.py",
-        ROOT / "experiments" / "data" / "__init__.py",
+        root / "attn" / "__init__.py",
+        root / "configs" / "default.py",
+        root / "experiments" / "data" / "__init__.py",
     ]
 
 
