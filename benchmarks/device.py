@@ -231,7 +231,7 @@ def train_rows(quick: bool, sizes: Sizes) -> dict:
         steps[dtype] = functools.partial(step.lower(state, batch).compile(), state, batch)
     first = timing.time_interleaved(steps, 1)
     per_round = sum(t[0] for t in first.values())
-    repeats = max(3, min(30, int(4 * sizes.group_seconds / max(per_round, 1e-9))))
+    repeats = max(5, min(30, int(4 * sizes.group_seconds / max(per_round, 1e-9))))
     rows = []
     for dtype, ts in timing.time_interleaved(steps, repeats).items():
         t = statistics.median(ts)
