@@ -144,7 +144,9 @@ def attention_rows(sizes: Sizes, matmul: dict[str, float]) -> list[dict]:
                 if isinstance(compiled, str):
                     cell["skipped"] = compiled
                     continue
-                need = int(compiled.memory_analysis().temp_size_in_bytes) + 6 * q.nbytes
+                analysis = compiled.memory_analysis()  # None where a backend has none
+                temp = int(analysis.temp_size_in_bytes) if analysis is not None else 0
+                need = temp + 6 * q.nbytes
                 if platform == "cpu" and name != "attn chunked":  # see benchmarks/attention.py
                     need += (
                         attention_section.UNSEEN_LxL_SCRATCH
