@@ -4,10 +4,13 @@
   python -m benchmarks imdb --imdb_path=DIR/aclImdb [--seeds=0,1,2]
   python -m benchmarks lra
   python -m benchmarks multihost
+  python -m benchmarks device [--quick] [--imdb_path=DIR/aclImdb] [--lra_minutes=1.5]
+      [--parts=attention,train,lra]
 
 `all` is the first three; `imdb` (tens of minutes per seed on 2 cores), `lra` (the cost of the
 Long Range Arena configs) and `multihost` (two processes against one, about 20 minutes) run
-only when named.
+only when named. `device` is for a GPU or TPU (`benchmarks/device.py`): it writes
+`<out>/device.json` instead of a section of results.json.
 
 Writes `<out>/results.json` (sections not run keep their previous results), `<out>/REPORT.md`
 with every target stated as met or missed, and PNG plots; prints a table per section.
@@ -24,7 +27,7 @@ import time
 import jax
 from absl import flags
 
-from benchmarks import accuracy, attention, imdb, lra, multihost, report, train_step
+from benchmarks import accuracy, attention, device, imdb, lra, multihost, report, train_step
 from experiments import cli
 from experiments.cli import UserError
 
@@ -53,12 +56,22 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_list(
         "seeds", ["0", "1", "2"], "Seeds `accuracy` and `imdb` train.", flag_values=fv
     )
+    flags.DEFINE_float(
+        "lra_minutes", 1.5, "`device`: train steps of the LRA run, in minutes.", flag_values=fv
+    )
+    flags.DEFINE_list(
+        "parts", list(device.PARTS), "`device`: which of its parts to run.", flag_values=fv
+    )
 
 
 def main(fv: flags.FlagValues, argv: list[str]) -> None:
     which = argv[1:] or ["all"]
-    if len(which) != 1 or which[0] not in (*SECTIONS, "all"):
-        raise UserError(f"benchmark must be one of {', '.join((*SECTIONS, 'all'))}; got {which}")
+    if len(which) != 1 or which[0] not in (*SECTIONS, "all", "device"):
+        names = ", ".join((*SECTIONS, "all", "device"))
+        raise UserError(f"benchmark must be one of {names}; got {which}")
+    if which[0] == "device":
+        device.run(fv.quick, fv.out, fv.imdb_path, fv.lra_minutes, fv.parts)
+        return
     sections = list(ALL) if which[0] == "all" else [which[0]]
     if not fv.seeds or not all(s.isdigit() for s in fv.seeds):
         raise UserError(f"--seeds must be non-negative integers, got {','.join(fv.seeds)!r}")

@@ -24,9 +24,9 @@ def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict
     return times
 
 
-def matmul_flops(n: int, repeats: int) -> float:
-    """Measured FLOP/s of an n x n float32 matmul (2 n^3 FLOPs), median of `repeats`."""
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+def matmul_flops(n: int, repeats: int, dtype=jnp.float32) -> float:
+    """Measured FLOP/s of an n x n matmul in `dtype` (2 n^3 FLOPs), median of `repeats`."""
+    a = jax.random.normal(jax.random.key(0), (n, n), dtype)
     mm = jax.jit(jnp.matmul).lower(a, a).compile()
     jax.block_until_ready(mm(a, a))
     seconds = time_interleaved({"mm": lambda: mm(a, a)}, repeats)["mm"]

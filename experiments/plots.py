@@ -1,17 +1,20 @@
-"""PNG plots: training curves from metrics.jsonl and attention heatmaps, with CJK-capable text."""
+"""PNG plots: training curves from metrics.jsonl and attention heatmaps, with CJK-capable text.
+
+Figures are `matplotlib.figure.Figure` objects, never pyplot's: saving one renders it with Agg
+whatever the backend, so no backend is chosen here and a notebook's inline plots keep working.
+"""
 
 import functools
 import importlib.util
 import os
 
 import matplotlib
+import numpy as np
+from matplotlib import font_manager
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # files only; never needs a display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib import font_manager  # noqa: E402
-
-from experiments import baseline, metrics, workdirs  # noqa: E402
+from experiments import baseline, metrics, workdirs
 
 
 @functools.cache
@@ -28,7 +31,8 @@ def cjk_font_family() -> str | None:
 
 
 def style() -> dict:
-    """rcParams for `plt.rc_context`: the CJK font first, DejaVu Sans for the glyphs it lacks."""
+    """rcParams for `matplotlib.rc_context`: the CJK font first, then DejaVu Sans for the glyphs
+    it lacks."""
     family = cjk_font_family()
     return {"font.family": [family, "DejaVu Sans"]} if family else {}
 
@@ -38,7 +42,7 @@ def needs_rotation(labels: list[str]) -> bool:
     return any(len(t) > 2 for t in labels)
 
 
-def token_ticks(ax: plt.Axes, axis: str, tokens: list[str]) -> None:
+def token_ticks(ax: Axes, axis: str, tokens: list[str]) -> None:
     """One 8-point label per token on `axis` ("x" or "y"). On x, when some token is longer than
     2 characters, every token but single characters (a CJK text's, punctuation) turns vertical,
     so neighbours never overlap and CJK stays upright."""
@@ -69,7 +73,8 @@ def plot_curves(workdir: str, path: str | None = None, label: str = "") -> str:
     DIR/curves.png), with the TF-IDF baseline's validation accuracy when the run fit it; returns
     the path. `label` names what the loss and accuracy are of (e.g. "masked-token")."""
     rows = metrics.read(workdir)
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4.8))
+    fig = Figure(figsize=(10, 4.8))
+    ax_loss, ax_acc = fig.subplots(1, 2)
     for split, style in (("train", "-"), ("validation", "o-")):
         r = [row for row in rows if row["split"] == split]
         if not r:
@@ -106,7 +111,6 @@ def plot_curves(workdir: str, path: str | None = None, label: str = "") -> str:
     fig.tight_layout()
     path = path or os.path.join(workdir, "curves.png")
     fig.savefig(path, dpi=110, format="png")
-    plt.close(fig)
     return path
 
 
@@ -117,8 +121,9 @@ def plot_heatmap(weights_LxL: np.ndarray, tokens: list[str], title: str, path: s
     """
     n = len(tokens)
     side = max(4.0, 0.2 * n + 2.0)
-    with plt.rc_context(style()):
-        fig, ax = plt.subplots(figsize=(side + 1.0, side), layout="constrained")
+    with matplotlib.rc_context(style()):
+        fig = Figure(figsize=(side + 1.0, side), layout="constrained")
+        ax = fig.subplots()
         im = ax.imshow(weights_LxL[:n, :n], cmap="viridis", vmin=0.0, aspect="auto")
         token_ticks(ax, "x", tokens)
         token_ticks(ax, "y", tokens)
@@ -127,5 +132,4 @@ def plot_heatmap(weights_LxL: np.ndarray, tokens: list[str], title: str, path: s
         ax.set_title(title)
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02, label="attention weight")
         fig.savefig(path, dpi=100)
-        plt.close(fig)
     return path

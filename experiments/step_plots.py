@@ -5,14 +5,13 @@ before and after the softmax. It draws the values it is given and computes none.
 from typing import NamedTuple
 
 import matplotlib
+import numpy as np
+from matplotlib import patches
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure  # not pyplot: see experiments/plots.py
 
-matplotlib.use("Agg")  # files only; never needs a display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib import patches  # noqa: E402
-
-from attn import multihead  # noqa: E402
-from experiments import plots  # noqa: E402
+from attn import multihead
+from experiments import plots
 
 # What each built-in score computes for one (query, key) pair, in matrix notation.
 SCORE_FORMULAS = {
@@ -69,7 +68,7 @@ def score_titles(score: str, d_head: int) -> tuple[str, str]:
 
 
 def _matrix(
-    ax: plt.Axes,
+    ax: Axes,
     m_RxC: np.ndarray,
     h: Head,
     title: str,
@@ -85,7 +84,7 @@ def _matrix(
     are shaded from 0 with masked keys grey; other values red above 0 and blue below."""
     rows, cols = m_RxC.shape
     if weights:
-        cmap = plt.get_cmap("Oranges").with_extremes(bad=MASKED_COLOR)
+        cmap = matplotlib.colormaps["Oranges"].with_extremes(bad=MASKED_COLOR)
         shown = np.ma.masked_array(m_RxC, np.broadcast_to(~h.allowed_L, m_RxC.shape))
         im = ax.imshow(shown, cmap=cmap, vmin=0.0, vmax=float(m_RxC.max()) or 1.0, aspect="auto")
     else:
@@ -121,7 +120,7 @@ def _matrix(
     ax.figure.colorbar(im, ax=ax, fraction=0.12, pad=0.03, aspect=bar_aspect)
 
 
-def _bars(ax: plt.Axes, values_L: np.ndarray, h: Head, title: str, *, weights: bool) -> None:
+def _bars(ax: Axes, values_L: np.ndarray, h: Head, title: str, *, weights: bool) -> None:
     """One query's value for every key; masked keys drawn grey and hatched at 0."""
     n = len(values_L)
     allowed = h.allowed_L
@@ -169,8 +168,8 @@ def plot_steps(h: Head, *, score: str, query: int, title: str, x_title: str, pat
         "head": f"{length} × {d_head}  (tokens × d_head)",
         "square": f"{length} × {length}  (queries × keys)",
     }
-    with plt.rc_context(plots.style()):
-        fig = plt.figure(figsize=(width, 2 * row_height + bars_height + 0.8), layout="constrained")
+    with matplotlib.rc_context(plots.style()):
+        fig = Figure(figsize=(width, 2 * row_height + bars_height + 0.8), layout="constrained")
         top, middle, bottom = fig.subfigures(
             3, 1, height_ratios=[row_height, row_height, bars_height]
         )
@@ -221,5 +220,4 @@ def plot_steps(h: Head, *, score: str, query: int, title: str, x_title: str, pat
             fontsize=10,
         )
         fig.savefig(path, dpi=100)
-        plt.close(fig)
     return path

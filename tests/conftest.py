@@ -114,6 +114,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, lambda signum, frame: os._exit(0))
 
 
+def enable_x64():
+    """A `with` block that computes in float64 on every jax the project supports:
+    `jax.enable_x64` from jax 0.8 on, `jax.experimental.enable_x64` before it."""
+    if hasattr(jax, "enable_x64"):
+        return jax.enable_x64(True)
+    from jax.experimental import enable_x64 as experimental_enable_x64
+
+    return experimental_enable_x64(True)
+
+
 def tiny_config(data_dir: str, **overrides) -> ml_collections.ConfigDict:
     """`configs/default.py:tiny` reading the prepared data; overrides as `section__field=value`."""
     from configs import default

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import enable_x64
 from jax.test_util import check_grads
 
 from attn import reference, scores
@@ -110,7 +111,7 @@ def test_xla_matches_matrix(rank, e):
 
 @pytest.mark.parametrize("name", SCORES)
 def test_check_grads_matrix(name):
-    with jax.enable_x64(True):
+    with enable_x64():
         q, k, v = _inputs(7, dtype=jnp.float64)
         mask = _mask(7)
         p = jax.tree.map(lambda x: x.astype(jnp.float64), _params(name))
@@ -328,7 +329,7 @@ def test_bad_arguments_raise_with_clear_message(kwargs, exc, words):
 
 
 def test_xla_refuses_float64_instead_of_losing_precision():
-    with jax.enable_x64(True):
+    with enable_x64():
         q, k, v = _inputs(19, dtype=jnp.float64)
         with pytest.raises(ValueError, match="float64 inputs would silently lose precision"):
             attention(q, k, v, implementation="xla")

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import enable_x64
 from jax.test_util import check_grads
 
 from attn import chunked, reference, scores
@@ -136,7 +137,7 @@ def test_large_scores_do_not_overflow():
 # The other scores' chunked gradients equal the matrix form's (above), which are checked there.
 @pytest.mark.parametrize("name", ["scaled_dot", "additive"])
 def test_check_grads_chunked(name):
-    with jax.enable_x64(True):
+    with enable_x64():
         q, k, v = _inputs(4, lq=6, lk=6, dtype=jnp.float64)
         mask = _mask(4, 2, lq=6, lk=6)
         p = jax.tree.map(lambda x: x.astype(jnp.float64), _params(name))

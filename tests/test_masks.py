@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import enable_x64
 from jax.test_util import check_grads
 
 from attn import masks, reference, scores
@@ -125,7 +126,7 @@ def test_alibi_and_causal_at_300_with_chunks_of_128():
 
 def test_check_grads_position_aware_score_and_mask_function():
     # Chunked only: the matrix form's gradients are checked equal to chunked's above.
-    with jax.enable_x64(True):
+    with enable_x64():
         q, k, v = (x.astype(jnp.float64) for x in _inputs(6))
         f = lambda q, k, v: attention(
             q, k, v, MASKS["window"][0], score=alibi, implementation="chunked", **CHUNKS

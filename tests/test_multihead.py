@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import enable_x64
 from jax.test_util import check_grads
 
 from attn import masks, multihead, reference
@@ -101,7 +102,7 @@ def test_indivisible_heads_raise_naming_both():
 
 
 def test_check_grads_through_heads_and_score_params():
-    with jax.enable_x64(True):
+    with enable_x64():
         params = multihead.init(jax.random.key(6), D, H, score="general", dtype=jnp.float64)
         x_LxD = jax.random.normal(jax.random.key(7), (L, D), jnp.float64)
         mask_L = jnp.arange(L) < 5

@@ -1,11 +1,15 @@
-"""Package promises: the README example runs; attn/ stays free of TF, I/O and configs; entry
-points in experiments/ are imported by no module there."""
+"""Package promises: the README example runs; attn/ stays free of TF, I/O and configs and needs
+only its declared dependencies; entry points in experiments/ are imported by no module there."""
 
 import ast
+import importlib.metadata
+import json
+import os
 import pathlib
 import re
 import subprocess
 import sys
+import tomllib
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -50,9 +54,20 @@ def test_no_module_in_experiments_imports_an_entry_point():
             assert not names & entry_points, f"{path.relative_to(ROOT)} imports {names}"
 
 
+def _installed_root() -> pathlib.Path:
+    """Where the installed packages live: this checkout for `pip install -e .` (what `make`
+    does), site-packages for `pip install .`."""
+    # pip's record of the install (the checkout's own attn.egg-info, beside it, has none).
+    for dist in importlib.metadata.distributions(name="attn"):
+        url = dist.read_text("direct_url.json")
+        if url and not json.loads(url).get("dir_info", {}).get("editable"):
+            return pathlib.Path(dist.locate_file(""))
+    return ROOT
+
+
 def test_installed_packages_import_from_anywhere(tmp_path):
     """From another directory, beside a folder named `attn` (e.g. a clone seen from its parent),
-    the installed attn, experiments and configs are the repository's."""
+    the installed attn, experiments and configs are imported, not the folder."""
     (tmp_path / "attn").mkdir()
     script = tmp_path / "script.py"
     script.write_text(
@@ -63,8 +78,58 @@ def test_installed_packages_import_from_anywhere(tmp_path):
         [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, check=True
     )
     paths = [pathlib.Path(p) for p in out.stdout.split()]
+    root = _installed_root()
     assert paths == [
-        ROOT / "attn" / "__init__.py",
-        ROOT / "configs" / "default.py",
-        ROOT / "experiments" / "data" / "__init__.py",
+        root / "attn" / "__init__.py",
+        root / "configs" / "default.py",
+        root / "experiments" / "data" / "__init__.py",
     ]
+
+
+def _closure(names: list[str]) -> set[str]:
+    """The installed distributions `names` need, theirs included (extras left out)."""
+    seen: set[str] = set()
+    todo = list(names)
+    while todo:
+        name = re.split(r"[^A-Za-z0-9._-]", todo.pop(), maxsplit=1)[0].lower().replace("_", "-")
+        if name in seen:
+            continue
+        seen.add(name)
+        todo += [r for r in importlib.metadata.requires(name) or () if "extra ==" not in r]
+    return seen
+
+
+_ATTENTION = (
+    "import sys, jax, attn\n"
+    "q = jax.random.normal(jax.random.key(0), (5, 8))\n"
+    "out, w = attn.attention(q, q, q, attn.masks.causal)\n"
+    "print(out.shape, float(w.sum()), 'flax' in sys.modules)\n"
+)
+
+
+def test_attn_runs_with_only_its_declared_dependencies(tmp_path):
+    """What `pip install .` gives, cheaply: a path holding only attn, the distributions
+    `[project] dependencies` name and what they need; attn imports and attention runs."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert {re.split(r"[<>=!~ ]", r)[0] for r in project["dependencies"]} == {"jax", "numpy"}
+    needed = _closure(project["dependencies"])
+    assert {"jax", "jaxlib", "numpy"} <= needed and not {"flax", "optax"} & needed
+    (tmp_path / "attn").symlink_to(ROOT / "attn")
+    for name in needed:
+        dist = importlib.metadata.distribution(name)
+        for top in {f.parts[0] for f in dist.files or () if ".." not in f.parts}:
+            if not (tmp_path / top).exists():
+                (tmp_path / top).symlink_to(dist.locate_file(top))
+    # -S: no site-packages, so nothing else installed is importable.
+    run = lambda code: subprocess.run(
+        [sys.executable, "-S", "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    proc = run(_ATTENTION)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["(5,", "8)", "5.0", "False"]
+    # The same path lacks what attn does not declare, so the check above can fail.
+    proc = run("import attn.flax_interop")
+    assert "No module named 'flax'" in proc.stderr

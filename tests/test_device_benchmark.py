@@ -1,0 +1,82 @@
+"""`python -m benchmarks device` on CPU with --quick: every figure it measures on a GPU or TPU is
+measured at tiny sizes or named with the reason it cannot be, printed, and written to
+device.json."""
+
+import json
+
+import pytest
+from conftest import make_aclimdb
+
+from benchmarks import __main__ as bench_main
+from benchmarks import device
+from experiments import cli
+
+
+def _run(*args: str) -> int:
+    return cli.run(bench_main.define_flags, bench_main.main, ["benchmarks", "device", *args])
+
+
+@pytest.mark.slow
+def test_quick_run_measures_or_names_every_figure(tmp_path, capsys):
+    make_aclimdb(tmp_path / "aclImdb")
+    assert _run("--quick", f"--out={tmp_path}", f"--imdb_path={tmp_path / 'aclImdb'}") == 0
+    out = capsys.readouterr().out
+    result = json.loads((tmp_path / "device.json").read_text(encoding="utf-8"))
+    rows = [*result["matmul"], *result["attention"], *result["train"]["rows"], result["lra"]]
+    assert sorted(r["figure"] for r in rows) == sorted(device.figures())
+    assert result["device"]["platform"] == "cpu" and result["quick"] is True
+
+    assert all(r["flops"] > 0 for r in result["matmul"])
+    for r in result["attention"]:
+        assert r["measured_L"] == device.QUICK.measured_length
+        assert device._attention_line(r) in out  # printed, measured or not
+        if r["method"] == device.CUDNN:
+            assert r["skipped"] == "cuDNN runs on NVIDIA GPUs only"
+            continue
+        assert r["time_s"] > 0 and r["tflops"] > 0 and r["fraction_of_matmul"] > 0
+        assert r["ratio_vs_jax_nn"] == pytest.approx(
+            r["time_s"]
+            / next(
+                x["time_s"]
+                for x in result["attention"]
+                if (x["method"], x["L"], x["dtype"]) == (device.REFERENCE, r["L"], r["dtype"])
+            )
+        )
+
+    train = result["train"]
+    assert {r["dtype"] for r in train["rows"]} == {"float32", "bfloat16"}
+    for r in train["rows"]:
+        assert r["examples_per_s"] > 0 and r["param_dtypes"] == ["float32"]  # bf16 or not
+    assert "bfloat16/float32 speed" in out
+
+    lra = result["lra"]
+    # Bounded by the time budget and, for the tiny config, by its own 6 steps.
+    assert 1 <= lra["steps"] <= 6 and lra["test_examples"] == 24
+    assert 0.0 <= lra["test_accuracy"] <= 1.0
+    assert f"test accuracy {lra['test_accuracy']:.4f} on 24 reviews" in out
+
+
+def test_without_a_folder_the_lra_figure_is_named_and_skipped(tmp_path, capsys):
+    assert _run("--quick", "--parts=lra", f"--out={tmp_path}") == 0
+    result = json.loads((tmp_path / "device.json").read_text(encoding="utf-8"))
+    assert result["lra"] == {
+        "figure": "lra_text test accuracy",
+        "config": "lra_text.py:tiny",
+        "skipped": "no --imdb_path (a local aclImdb folder)",
+    }
+    assert "attention" not in result and "train" not in result
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--parts=attention,speed"], "--parts must be some of attention, train, lra"),
+        (["--imdb_path=/nonexistent/aclImdb"], "is not a folder"),
+        (["--lra_minutes=0"], "--lra_minutes must be > 0"),
+    ],
+)
+def test_bad_flags_are_one_line_errors(tmp_path, capsys, args, message):
+    assert _run("--quick", f"--out={tmp_path}", *args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "device.json").exists()
