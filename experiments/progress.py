@@ -146,11 +146,15 @@ class Progress(contextlib.AbstractContextManager):
             row = self.window.row(m)
             if self.log:
                 self.log.write(step, "train", row)
+            # In this order, not tqdm's alphabetical one: a narrow terminal cuts the line's end,
+            # and skipped steps matter more than the speed.
             self.bar.set_postfix(
-                loss=f"{row['loss']:.3f}",
-                acc=f"{row['accuracy']:.3f}",
-                ex_s=f"{row['examples_per_sec']:.0f}",
-                skipped=row["skipped_steps"],
+                {
+                    "loss": f"{row['loss']:.3f}",
+                    "acc": f"{row['accuracy']:.3f}",
+                    "skipped": row["skipped_steps"],
+                    "ex_s": f"{row['examples_per_sec']:.0f}",
+                }
             )
             self.window.reset()
 
