@@ -78,6 +78,8 @@ MEANINGS = {
     "optim.penalty_weight": "weight of structured pooling's ||AA^T - I||^2 penalty",
     "optim.bag_init": "the bag's starting table: zeros, or naive_bayes (log-count ratios of the "
     "training split)",
+    "optim.warm_lr_scale": "learning-rate factor of what train starts from (model.init_from's "
+    "encoder, model.embeddings_from's table); 0 = frozen",
     "optim.max_nonfinite": "consecutive skipped (non-finite) steps before training stops",
     "train.seed": "initialisation, dropout and batch order",
     "train.num_epochs": "passes over the training split (if max_steps is 0); 0 = from the data",
@@ -163,6 +165,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.optim.penalty_weight = 0.1  # structured pooling's ||AA^T - I||^2 coefficient
     config.optim.bag_init = "zeros"  # the bag's starting table, when model.bag_buckets > 0
     config.optim.max_nonfinite = 20  # consecutive skipped (non-finite) steps before giving up
+    config.optim.warm_lr_scale = 1.0  # learning-rate factor of init_from's / embeddings_from's
 
     config.train = ml_collections.ConfigDict()
     config.train.seed = 0

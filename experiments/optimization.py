@@ -1,6 +1,7 @@
 """What a config trains and how: the model config, the optimizer, the train state, the loss and
 one train step (a pure function; the train loop jits it over a `functools.partial`)."""
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -58,6 +59,7 @@ def check_optim(optim: ml_collections.ConfigDict) -> None:
         "adversarial_eps": (lambda v: v >= 0, ">= 0 (0 = no adversarial loss)"),
         "ema_decay": (lambda v: 0 <= v < 1, "in [0, 1) (0 = no running average)"),
         "max_nonfinite": (lambda v: v >= 1 and float(v).is_integer(), "an integer >= 1"),
+        "warm_lr_scale": (lambda v: v >= 0, ">= 0 (0 freezes what the run starts from)"),
     }
     for name, (ok, want) in rules.items():
         v = optim[name]
@@ -68,9 +70,16 @@ def check_optim(optim: ml_collections.ConfigDict) -> None:
 
 
 def make_optimizer(
-    optim: ml_collections.ConfigDict, total_steps: int
+    optim: ml_collections.ConfigDict,
+    total_steps: int,
+    warm: Callable[[Any], Any] | None = None,
 ) -> optax.GradientTransformation:
-    """AdamW with warmup + cosine decay, global-norm clipping, skipping of non-finite updates."""
+    """AdamW with warmup + cosine decay, global-norm clipping, skipping of non-finite updates.
+
+    warm(params) -> a tree of bools marks the parameters a run starts from (a pretrained encoder,
+    word vectors): their updates are scaled by optim.warm_lr_scale (0 freezes them), so the
+    fresh parameters may learn fast without overwriting what the warm ones bring.
+    """
     warmup = min(optim.warmup_steps, max(total_steps - 1, 0))
     schedule = optax.warmup_cosine_decay_schedule(
         init_value=0.0,
@@ -85,6 +94,9 @@ def make_optimizer(
         optax.clip_by_global_norm(optim.clip_norm),
         optax.adamw(schedule, weight_decay=optim.weight_decay, mask=decay_mask),
     )
+    scale = optim.get("warm_lr_scale", 1.0)
+    if warm is not None and scale != 1.0:
+        tx = optax.chain(tx, optax.masked(optax.scale(scale), warm))
     return optax.apply_if_finite(tx, max_consecutive_errors=_NEVER)
 
 

@@ -73,7 +73,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         warm_start.check_encoder(cfg, src)
     per_epoch = batching.steps_per_epoch(len(train.ids), d.batch_size)
     total_steps = t.max_steps or t.num_epochs * per_epoch
-    tx = optimization.make_optimizer(o, total_steps)
+    tx = optimization.make_optimizer(o, total_steps, warm_start.warm(config, src))
     # The old state is dead once the step returns: donating it lets XLA update the params and
     # both Adam moments in place instead of allocating and copying three tables a step.
     train_step = jax.jit(

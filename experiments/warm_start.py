@@ -12,7 +12,8 @@ to the data take the source's values. Pooling, the head and the bag start afresh
 import dataclasses
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import ml_collections
@@ -24,6 +25,7 @@ from experiments.cli import UserError
 from experiments.data import tokenizers, vectors
 
 ENCODER = ("embed", "final_ln")  # and every "layer_<i>"
+TOKENS = ["embed", "tokens"]  # the path of the token embedding table
 # The model fields that shape the encoder's parameters or decide what they compute.
 ENCODER_FIELDS = (
     "vocab_size",
@@ -135,6 +137,21 @@ def encoder_params(src: Source, params: dict) -> dict:
         state, _ = checkpoints.restore(mngr, src.step, target, partial=True)
     print(f"encoder from {src.describe()}", file=sys.stderr)
     return {**params, **state[src.served]}
+
+
+def warm(config: ml_collections.ConfigDict, src: Source | None) -> Callable[[Any], Any] | None:
+    """params -> a tree of bools marking what the run starts from other than at random (the
+    source's encoder, the word vectors' table), for `optimization.make_optimizer`; None when
+    nothing is."""
+    vectors = bool(config.model.get("embeddings_from"))
+    if src is None and not vectors:
+        return None
+
+    def marked(path: tuple, _) -> bool:
+        names = [getattr(p, "key", None) for p in path]
+        return (src is not None and is_encoder(names[0])) or (vectors and names[:2] == TOKENS)
+
+    return lambda params: jax.tree_util.tree_map_with_path(marked, params)
 
 
 def word_vectors(

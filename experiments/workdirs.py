@@ -62,6 +62,7 @@ _ADDED_LATER = {
     "model.init_from": "",
     "model.embeddings_from": "",
     "train.patience": 0,
+    "optim.warm_lr_scale": 1.0,
 }
 # Shapes only: init runs under jax.eval_shape. Not a key made at import, which would start JAX's
 # backend before a process of several can join the others.

@@ -267,3 +267,19 @@ def test_vectors_file_becomes_the_token_table(tfds_dir, tmp_path, monkeypatch):
     cos = table[good] @ table[bad] / np.linalg.norm(table[good]) / np.linalg.norm(table[bad])
     assert cos == pytest.approx(-1.0, abs=1e-5)
     assert np.isfinite(table).all()
+
+
+def test_warm_lr_scale_zero_freezes_what_the_run_starts_from(
+    pretrained, tfds_dir, tmp_path, monkeypatch
+):
+    config = tiny_config(tfds_dir, model__init_from=pretrained, optim__warm_lr_scale=0.0)
+    workdir = str(tmp_path / "frozen")
+    train.train_and_evaluate(config, workdir)
+    end = saved_state(workdir, 6)["params"]
+    pre = saved_state(pretrained, _best_step(pretrained), "best")["params"]
+    start = _starting_state(config, str(tmp_path / "start"), monkeypatch)["params"]
+    assert {n for n in end if warm_start.is_encoder(n)} == {"embed", "layer_0", "final_ln"}
+    for name in end:
+        if warm_start.is_encoder(name):
+            assert_trees_equal(end[name], pre[name])
+    assert not np.array_equal(end["head"]["w"], start["head"]["w"])  # the rest trains
