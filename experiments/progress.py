@@ -132,7 +132,7 @@ class Progress(contextlib.AbstractContextManager):
                 f"checkpoint is step {self.last_good()}"
             )
         self.window.add(m)
-        if self.timed_steps:
+        if self.timed_steps or self.bar.disable:  # a disabled bar (process 1 of 2) has no clock
             self.bar.update(1)
         else:
             # A run's first step is mostly compiling: in the bar's rate it made the first ETA
