@@ -130,9 +130,10 @@ class Attention:
         dropout_rate: float = 0.0,
         dropout_rng: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array | None]:
+        bound = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return attention(
             q, k, v, mask, score_params=score_params, dropout_rate=dropout_rate,
-            dropout_rng=dropout_rng, **dataclasses.asdict(self),
+            dropout_rng=dropout_rng, **bound,
         )  # fmt: skip
 
 

@@ -3,6 +3,7 @@ against attn.attention per (row, head), and against the per-query numpy loop for
 scores and per-row masks."""
 
 import functools
+import pathlib
 import re
 
 import flax.linen as nn
@@ -14,6 +15,7 @@ import pytest
 import attn
 from attn import masks, reference, scores
 from attn.attention import attention
+from benchmarks.attention import hlo_program
 
 B, T, S, N, K, H = 2, 5, 7, 4, 2, 8
 
@@ -218,14 +220,6 @@ def test_position_aware_score_and_weights():
     np.testing.assert_allclose(w, w_ref.transpose(0, 2, 1, 3), atol=1e-6)
 
 
-def _program(text: str) -> str:
-    """Optimised HLO without the source locations it records."""
-    if "StackFrames" in text:
-        text = text[text.index("\n\n", text.index("StackFrames")) :]
-    text = re.sub(r",? ?metadata=\{[^}]*\}", "", text)
-    return re.sub(r",? ?stack_frame_id=\d+", "", text)
-
-
 @pytest.mark.parametrize("implementation", ["matrix", "chunked", "xla"])
 def test_the_batched_form_compiles_to_attention_under_vmap(implementation):
     """The batched entry point costs nothing: XLA gets the very program of vmapped attention."""
@@ -240,7 +234,7 @@ def test_the_batched_form_compiles_to_attention_under_vmap(implementation):
 
     def compiled(fn):
         grad = jax.grad(lambda q, k, v: fn(q, k, v).sum(), argnums=(0, 1, 2))
-        return _program(jax.jit(grad).lower(spec, spec, spec).compile().as_text())
+        return hlo_program(jax.jit(grad).lower(spec, spec, spec).compile().as_text())
 
     assert compiled(batched) == compiled(vmapped)
 
@@ -333,3 +327,15 @@ def test_bad_arguments_raise_one_line_errors(kwargs, exc, words):
     assert "\n" not in message
     for w in words:
         assert w in message, (w, message)
+
+
+def test_readme_use_it_in_your_jax_code_runs():
+    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Use it in your JAX code") :]
+    code = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    np.testing.assert_allclose(scope["out"], scope["out_nn"], atol=2e-5)
+    for name in ("out_additive", "out_packed", "out_chunked"):
+        assert scope[name].shape == scope["q"].shape, name
+    np.testing.assert_allclose(scope["out_chunked"], scope["out_packed"], atol=2e-5)
