@@ -18,6 +18,8 @@ moves on from, instead of zeros.
 import jax
 import jax.numpy as jnp
 
+__all__ = ["document_counts", "logits", "naive_bayes_table", "weights"]
+
 _NONE = -1  # the id that marks a padding position once ids are sorted
 
 

@@ -31,6 +31,8 @@ from jax import lax
 
 from attn import masks, scores
 
+__all__ = ["attention"]
+
 
 def attention(
     q_LxD: jax.Array,
@@ -42,10 +44,12 @@ def attention(
     score_params: Any = None,
     q_chunk: int = 128,
     k_chunk: int = 128,
+    fully_masked: str = "zero",
 ) -> jax.Array:
     """out [Lq, dv] = softmax(score(q, k)) v, chunked; mask as in ``attn.masks`` (True = attend).
 
-    Same values as the matrix form, including output 0 for a query that may attend nowhere.
+    Same values as the matrix form, including output 0 (or the mean of v, with
+    fully_masked="mean") for a query that may attend nowhere.
     """
     sc = scores.get_score(score)
     lq, lk, e = q_LxD.shape[0], k_MxD.shape[0], v_MxE.shape[1]
@@ -57,6 +61,7 @@ def attention(
     f = jax.eval_shape(
         lambda q, k: scores.evaluate(sc, score_params, q, k, pos_1, pos_1), q_LxD[:1], k_MxD[:1]
     ).dtype
+    mean_E = v_MxE.astype(f).mean(axis=0) if fully_masked == "mean" else None
     mask_fn = None if mask is None else masks.as_fn(mask)
     # Chunk i starts at min(i * c, L - c): the last chunk overlaps the one before it instead of
     # running past the end, so every row a chunk holds is real.
@@ -96,7 +101,10 @@ def attention(
             jax.checkpoint(step, prevent_cse=False), init, (k_starts_K, kpos_KxC, new_KxC)
         )
         # l == 0 only when every key is masked; acc is 0 there too, so the row comes out 0.
-        return acc_CxE / jnp.where(l_C > 0, l_C, 1)[:, None]
+        out_CxE = acc_CxE / jnp.where(l_C > 0, l_C, 1)[:, None]
+        if mean_E is not None:
+            out_CxE = jnp.where((l_C > 0)[:, None], out_CxE, mean_E)
+        return out_CxE
 
     out_NxCxE = lax.map(jax.checkpoint(one_query_chunk, prevent_cse=False), q_starts_N)
     # The last chunk's first rows repeat rows of the chunk before it.

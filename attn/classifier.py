@@ -17,6 +17,23 @@ import jax.numpy as jnp
 from attn import bag, encoder, layers, multihead, pooling, positions, scores
 from attn.attention import IMPLEMENTATIONS, attention
 
+__all__ = [
+    "DTYPES",
+    "PAD",
+    "POOLINGS",
+    "POSITIONS",
+    "UNK",
+    "ModelConfig",
+    "apply",
+    "attend",
+    "attention_steps",
+    "bag_ids",
+    "embed",
+    "encode",
+    "init",
+    "ngram_buckets",
+]
+
 PAD, UNK = 0, 1
 POSITIONS = ("learned", "sinusoidal", "none")
 POOLINGS = ("cls", "mean", "max", "structured")
@@ -40,7 +57,7 @@ class ModelConfig:
     pool_hidden: int = 64  # d_a in Lin et al. 2017
     dropout: float = 0.1  # residual and pooled-vector dropout
     embed_dropout: float = 0.1  # on the summed input embeddings
-    score: str = "scaled_dot"
+    score: str = "scaled_dot"  # a name in attn.scores.SCORES; an alias becomes its score's name
     implementation: str = "matrix"  # "matrix" | "chunked" | "xla"
     q_chunk: int = 128
     k_chunk: int = 128
@@ -88,7 +105,8 @@ class ModelConfig:
         integer("pool_hidden", 1)
         rate("dropout")
         rate("embed_dropout")
-        choice("score", scores.SCORES)
+        choice("score", [*scores.SCORES, *scores.ALIASES])
+        object.__setattr__(self, "score", scores.get_score(self.score).name)  # alias -> name
         choice("implementation", IMPLEMENTATIONS)
         if self.implementation == "xla" and self.score != "scaled_dot":
             raise ValueError(

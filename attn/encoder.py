@@ -12,6 +12,8 @@ import jax.numpy as jnp
 from attn import layers, masks, multihead, scores
 from attn.attention import attention
 
+__all__ = ["apply", "init"]
+
 
 def init(
     key: jax.Array,

@@ -7,6 +7,16 @@ bfloat16 activation runs the matmul in bfloat16 while the stored weights stay fl
 import jax
 import jax.numpy as jnp
 
+__all__ = [
+    "Params",
+    "dense",
+    "dense_init",
+    "dropout",
+    "embed_init",
+    "layer_norm",
+    "layer_norm_init",
+]
+
 Params = dict[str, jax.Array]
 
 

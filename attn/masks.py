@@ -1,10 +1,19 @@
 """Masks: which keys each query may attend to, and the softmax that honours them.
 
 A mask is True where query i may attend to key j. It is given as one of
-  - a bool array [Lk] (the same keys for every query, e.g. key padding) or [Lq, Lk];
+  - a bool array that broadcasts to [Lq, Lk]: [Lk] (the same keys for every query, e.g. key
+    padding), [Lq, Lk], [1, Lk], [Lq, 1];
   - a function ``fn(q_pos_L, k_pos_M) -> bool [L, M]`` of absolute int32 positions (0 is the
     first query / key). The matrix form evaluates it once on all positions; the chunked form
     evaluates it on one block of positions at a time, so a mask costs no O(Lq Lk) memory there.
+
+The functions built here (``causal``, ``sliding_window``, ``segments``, ``lengths``, ``all_of``,
+``as_fn``) are pytrees: the arrays they hold are leaves, so they pass through ``jax.jit`` and
+``jax.vmap`` as ordinary arguments. Each also knows the lengths its arrays must have and is
+checked against the Lq and Lk it is used with, at trace time: indexing a too-short array by
+position would clamp, and silently reuse its last entry. ``segments`` and ``lengths`` may hold a
+leading batch axis (ids [B, L], lengths [B]): one mask per row of ``attn.dot_product_attention``
+(``batch_shape``, ``batch_axes``).
 
 Masked scores become ``MASKED`` (large and finite, never -inf) and the softmax runs in at least
 float32, so a query that may attend nowhere gets weights 0 and finite gradients instead of NaN.
@@ -12,12 +21,31 @@ float32, so a query that may attend nowhere gets weights 0 and finite gradients 
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import numbers
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+__all__ = [
+    "MASKED",
+    "Mask",
+    "MaskFn",
+    "MaskFunction",
+    "all_of",
+    "as_fn",
+    "causal",
+    "check",
+    "evaluate",
+    "lengths",
+    "matrix",
+    "pairs",
+    "segments",
+    "sliding_window",
+    "softmax",
+]
 
 MaskFn = Callable[[jax.Array, jax.Array], jax.Array]
 Mask = jax.Array | MaskFn
@@ -27,73 +55,285 @@ Mask = jax.Array | MaskFn
 MASKED = -1e30
 
 
-def causal(q_pos_L: jax.Array, k_pos_M: jax.Array) -> jax.Array:
-    """Query i sees keys j <= i."""
-    return k_pos_M[None, :] <= q_pos_L[:, None]
+def pairs(a: jax.Array, q_pos_L: jax.Array, k_pos_M: jax.Array) -> jax.Array:
+    """Entries (i, j) of an array that broadcasts to [Lq, Lk], at positions -> [L or 1, M or 1].
+
+    An axis of size 1 is broadcast, not indexed: indexing it by position would clamp.
+    """
+    a_2d = a.reshape((1,) * (2 - a.ndim) + a.shape)
+    rows, cols = a_2d.shape[0] > 1, a_2d.shape[1] > 1
+    if rows and cols:
+        return a_2d[q_pos_L[:, None], k_pos_M[None, :]]
+    if rows:
+        return a_2d[q_pos_L]
+    if cols:
+        return a_2d[:, k_pos_M]
+    return a_2d
 
 
-def _window(q_pos_L: jax.Array, k_pos_M: jax.Array, *, left: int, right: int) -> jax.Array:
-    offset_LxM = k_pos_M[None, :] - q_pos_L[:, None]
-    return (offset_LxM >= -left) & (offset_LxM <= right)
+def _register(data: tuple[str, ...] = (), meta: tuple[str, ...] = ()):
+    """A frozen dataclass registered as a pytree: `data` fields are leaves, `meta` static."""
+
+    def wrap(cls):
+        cls = dataclasses.dataclass(frozen=True, eq=not data)(cls)
+        return jax.tree_util.register_dataclass(cls, data_fields=list(data), meta_fields=list(meta))
+
+    return wrap
 
 
-def sliding_window(left: int, right: int) -> MaskFn:
+class MaskFunction:
+    """A mask function of positions that knows what it holds (see the module docstring)."""
+
+    name = "mask"
+
+    def __call__(self, q_pos_L: jax.Array, k_pos_M: jax.Array) -> jax.Array:
+        raise NotImplementedError
+
+    def check(self, lq: int, lk: int, where: str = "mask") -> None:
+        """ValueError/TypeError in one line when an array it holds does not fit Lq, Lk."""
+        del lq, lk, where
+
+    def matrix(self, lq: int, lk: int) -> jax.Array:
+        """bool [Lq, Lk] (or a shape that broadcasts to it)."""
+        return evaluate(self, jnp.arange(lq, dtype=jnp.int32), jnp.arange(lk, dtype=jnp.int32))
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        """Leading axes beyond one sequence: () for one mask, (B,) for one mask per row."""
+        return ()
+
+    def batch_axes(self) -> Any:
+        """A `jax.vmap` in_axes prefix: 0 for leaves with the batch axis, None for the others."""
+        return jax.tree.map(lambda _: None, self)
+
+
+@_register()
+class _Causal(MaskFunction):
+    name = "causal"
+
+    def __call__(self, q_pos_L: jax.Array, k_pos_M: jax.Array) -> jax.Array:
+        return k_pos_M[None, :] <= q_pos_L[:, None]
+
+
+causal = _Causal()
+"""Query i sees keys j <= i."""
+
+
+@_register(meta=("left", "right"))
+class _SlidingWindow(MaskFunction):
+    left: int
+    right: int
+    name = "sliding_window"
+
+    def __call__(self, q_pos_L: jax.Array, k_pos_M: jax.Array) -> jax.Array:
+        offset_LxM = k_pos_M[None, :] - q_pos_L[:, None]
+        return (offset_LxM >= -self.left) & (offset_LxM <= self.right)
+
+
+def sliding_window(left: int, right: int) -> MaskFunction:
     """Query i sees keys i - left ... i + right (right=0: causal and local)."""
     for name, n in (("left", left), ("right", right)):
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
             raise ValueError(f"sliding_window: {name} must be an int >= 0; got {n!r}")
-    return functools.partial(_window, left=int(left), right=int(right))
+    return _SlidingWindow(int(left), int(right))
 
 
-def _same_segment(
-    q_pos_L: jax.Array, k_pos_M: jax.Array, *, q_seg: jax.Array, k_seg: jax.Array
-) -> jax.Array:
-    return q_seg[q_pos_L][:, None] == k_seg[k_pos_M][None, :]
+def _integers(name: str, x: Any) -> jax.Array:
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise TypeError(f"{name} must be integers; got dtype {x.dtype}")
+    return x
 
 
-def segments(q_seg_L: jax.Array, k_seg_M: jax.Array | None = None) -> MaskFn:
+@_register(data=("q_ids", "k_ids"))
+class _Segments(MaskFunction):
+    q_ids: jax.Array
+    k_ids: jax.Array
+    name = "segments"
+
+    def __call__(self, q_pos_L: jax.Array, k_pos_M: jax.Array) -> jax.Array:
+        return self.q_ids[q_pos_L][:, None] == self.k_ids[k_pos_M][None, :]
+
+    def check(self, lq: int, lk: int, where: str = "mask") -> None:
+        for side, ids, n in (("query", self.q_ids, lq), ("key", self.k_ids, lk)):
+            if ids.shape != (n,):
+                batched = " (ids with a batch axis need attn.dot_product_attention)"
+                raise ValueError(
+                    f"{where}: segments' {side} ids have shape {ids.shape}, but L{side[0]}={n} "
+                    f"needs {(n,)}{batched if ids.ndim > 1 else ''}"
+                )
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        return self.q_ids.shape[:-1]
+
+    def batch_axes(self) -> Any:
+        axis = 0 if self.batch_shape else None
+        return _Segments(axis, axis)
+
+
+def segments(q_seg_L: Any, k_seg_M: Any = None) -> MaskFunction:
     """Query i sees key j when they carry the same segment id (packed sequences).
 
-    k_seg_M defaults to q_seg_L (self-attention). Ids are any integers.
+    k_seg_M defaults to q_seg_L (self-attention). Ids are any integers; ids [B, L] give one
+    mask per row (attn.dot_product_attention; the Flax modules take [batch..., L]).
     """
-    q_seg = jnp.asarray(q_seg_L)
-    k_seg = q_seg if k_seg_M is None else jnp.asarray(k_seg_M)
-    return functools.partial(_same_segment, q_seg=q_seg, k_seg=k_seg)
+    q_seg = _integers("segments: ids", q_seg_L)
+    k_seg = q_seg if k_seg_M is None else _integers("segments: ids", k_seg_M)
+    if q_seg.ndim == 0 or k_seg.ndim == 0 or q_seg.shape[:-1] != k_seg.shape[:-1]:
+        raise ValueError(
+            f"segments: query ids {q_seg.shape} and key ids {k_seg.shape} must be [L] each, or "
+            "[B, L] each with the same B"
+        )
+    return _Segments(q_seg, k_seg)
 
 
-def _from_array(q_pos_L: jax.Array, k_pos_M: jax.Array, *, m: jax.Array) -> jax.Array:
-    if m.ndim == 1:
-        return m[k_pos_M][None, :]
-    return m[q_pos_L[:, None], k_pos_M[None, :]]
+@_register(data=("q_len", "k_len"))
+class _Lengths(MaskFunction):
+    q_len: jax.Array | None
+    k_len: jax.Array | None
+    name = "lengths"
+
+    def __call__(self, q_pos_L: jax.Array, k_pos_M: jax.Array) -> jax.Array:
+        rows_Lx1 = jnp.ones((q_pos_L.shape[0], 1), bool)
+        if self.q_len is not None:
+            rows_Lx1 = (q_pos_L < self.q_len)[:, None]
+        cols_1xM = jnp.ones((1, k_pos_M.shape[0]), bool)
+        if self.k_len is not None:
+            cols_1xM = (k_pos_M < self.k_len)[None, :]
+        return rows_Lx1 & cols_1xM
+
+    def check(self, lq: int, lk: int, where: str = "mask") -> None:
+        del lq, lk
+        for side, n in (("query", self.q_len), ("key", self.k_len)):
+            if n is not None and n.ndim:
+                raise ValueError(
+                    f"{where}: lengths' {side} length has shape {n.shape}, but one sequence "
+                    "takes a scalar (lengths [B] need attn.dot_product_attention)"
+                )
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        return next((n.shape for n in (self.q_len, self.k_len) if n is not None and n.ndim), ())
+
+    def batch_axes(self) -> Any:
+        def axis(n):
+            return None if n is None else (0 if n.ndim else None)
+
+        return _Lengths(axis(self.q_len), axis(self.k_len))
 
 
-def _all(q_pos_L: jax.Array, k_pos_M: jax.Array, *, fns: tuple[MaskFn, ...]) -> jax.Array:
-    allowed_LxM = jnp.ones((q_pos_L.shape[0], k_pos_M.shape[0]), bool)
-    for fn in fns:
-        allowed_LxM = allowed_LxM & evaluate(fn, q_pos_L, k_pos_M)
-    return allowed_LxM
+def lengths(q_len: Any = None, k_len: Any = None) -> MaskFunction:
+    """Query i is real when i < q_len, key j when j < k_len; a padded query attends nowhere.
+
+    Each is an int (or None: every position is real), or [B] ints for one mask per row.
+    """
+    q = None if q_len is None else _integers("lengths: q_len", q_len)
+    k = None if k_len is None else _integers("lengths: k_len", k_len)
+    shapes = {n.shape for n in (q, k) if n is not None and n.ndim}
+    if len(shapes) > 1:
+        raise ValueError(f"lengths: q_len and k_len must have one batch shape; got {shapes}")
+    return _Lengths(q, k)
 
 
-def as_fn(mask: Mask) -> MaskFn:
-    """A mask as a function of positions (arrays are indexed by the positions)."""
-    if callable(mask):
+@_register(data=("m",))
+class _FromArray(MaskFunction):
+    m: jax.Array
+    name = "array"
+
+    def __call__(self, q_pos_L: jax.Array, k_pos_M: jax.Array) -> jax.Array:
+        return pairs(self.m, q_pos_L, k_pos_M)
+
+    def check(self, lq: int, lk: int, where: str = "mask") -> None:
+        _check_array(self.m, lq, lk, where)
+
+    def matrix(self, lq: int, lk: int) -> jax.Array:
+        return self.m.reshape((1,) * (2 - self.m.ndim) + self.m.shape)
+
+
+def _check_array(m: jax.Array, lq: int, lk: int, where: str) -> None:
+    if m.dtype != jnp.bool_:
+        raise TypeError(f"{where} must be bool (True = may attend); got dtype {m.dtype}")
+    m_shape = (1,) * (2 - m.ndim) + m.shape
+    if m.ndim > 2 or m_shape[0] not in (1, lq) or m_shape[1] not in (1, lk):
+        raise ValueError(
+            f"{where} has shape {m.shape}, which does not broadcast to [Lq, Lk] = {(lq, lk)} "
+            f"([Lk], [Lq, Lk], [1, Lk] and [Lq, 1] do), nor is it a function of positions"
+        )
+
+
+@_register(meta=("fn",))
+class _Function(MaskFunction):
+    fn: MaskFn
+
+    @property
+    def name(self) -> str:
+        return _name(self.fn)
+
+    def __call__(self, q_pos_L: jax.Array, k_pos_M: jax.Array) -> jax.Array:
+        return self.fn(q_pos_L, k_pos_M)
+
+
+@_register(data=("parts",))
+class _AllOf(MaskFunction):
+    parts: tuple[MaskFunction, ...]
+    name = "all_of"
+
+    def __call__(self, q_pos_L: jax.Array, k_pos_M: jax.Array) -> jax.Array:
+        allowed = jnp.ones((1, 1), bool)
+        for part in self.parts:
+            allowed = allowed & _checked(part, part(q_pos_L, k_pos_M), q_pos_L, k_pos_M)
+        return allowed
+
+    def check(self, lq: int, lk: int, where: str = "mask") -> None:
+        for i, part in enumerate(self.parts):
+            part.check(lq, lk, f"{where} (all_of part {i}, {part.name})")
+
+    def matrix(self, lq: int, lk: int) -> jax.Array:
+        allowed = jnp.ones((1, 1), bool)
+        for part in self.parts:
+            allowed = allowed & part.matrix(lq, lk)
+        return allowed
+
+    @property
+    def batch_shape(self) -> tuple[int, ...]:
+        return next((p.batch_shape for p in self.parts if p.batch_shape), ())
+
+    def batch_axes(self) -> Any:
+        return _AllOf(tuple(p.batch_axes() for p in self.parts))
+
+
+def as_fn(mask: Mask) -> MaskFunction:
+    """Any mask as a `MaskFunction` (arrays are indexed by the positions; a plain callable is
+    held as a static field, so it too passes through `jax.jit` as an argument)."""
+    if isinstance(mask, MaskFunction):
         return mask
-    return functools.partial(_from_array, m=jnp.asarray(mask))
+    if callable(mask):
+        return _Function(mask)
+    return _FromArray(jnp.asarray(mask))
 
 
-def all_of(*masks: Mask) -> MaskFn:
-    """Query i sees key j when every mask allows it, e.g. ``all_of(causal, key_padding_M)``."""
-    return functools.partial(_all, fns=tuple(as_fn(m) for m in masks))
+def all_of(*masks: Mask) -> MaskFunction:
+    """Query i sees key j when every mask allows it, e.g. ``all_of(causal, key_padding_M)``.
+
+    Arrays here are one sequence's ([Lk], [Lq, Lk], ...); ``segments`` and ``lengths`` may
+    carry a batch axis.
+    """
+    parts = tuple(as_fn(m) for m in masks)
+    shapes = {p.batch_shape for p in parts} - {()}
+    if len(shapes) > 1:
+        raise ValueError(f"all_of: the masks' batch shapes differ: {sorted(shapes)}")
+    return _AllOf(parts)
 
 
 def _name(fn: MaskFn) -> str:
     """A short name for messages (a partial's repr would print the arrays it holds)."""
+    if isinstance(fn, MaskFunction):
+        return fn.name
     return getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "mask")
 
 
-def evaluate(fn: MaskFn, q_pos_L: jax.Array, k_pos_M: jax.Array) -> jax.Array:
-    """bool [L, M] from a mask function; TypeError/ValueError (at trace time) for a bad one."""
-    allowed = fn(q_pos_L, k_pos_M)
+def _checked(fn: MaskFn, allowed: Any, q_pos_L: jax.Array, k_pos_M: jax.Array) -> jax.Array:
     shape = (q_pos_L.shape[0], k_pos_M.shape[0])
     if getattr(allowed, "dtype", None) != jnp.bool_:
         raise TypeError(
@@ -107,17 +347,31 @@ def evaluate(fn: MaskFn, q_pos_L: jax.Array, k_pos_M: jax.Array) -> jax.Array:
             f"a mask function must return [Lq, Lk] (or a shape that broadcasts to it) for "
             f"positions [Lq], [Lk]; {_name(fn)} returned {allowed.shape} for {shape}"
         )
-    return jnp.broadcast_to(allowed, shape)
+    return allowed
+
+
+def evaluate(fn: MaskFn, q_pos_L: jax.Array, k_pos_M: jax.Array) -> jax.Array:
+    """bool [L, M] from a mask function; TypeError/ValueError (at trace time) for a bad one."""
+    allowed = _checked(fn, fn(q_pos_L, k_pos_M), q_pos_L, k_pos_M)
+    return jnp.broadcast_to(allowed, (q_pos_L.shape[0], k_pos_M.shape[0]))
+
+
+def check(mask: Mask, lq: int, lk: int) -> None:
+    """TypeError/ValueError (one line, at trace time) when a mask, or an array inside one, does
+    not fit queries of length lq and keys of length lk."""
+    if isinstance(mask, MaskFunction):
+        mask.check(lq, lk)
+    elif not callable(mask):
+        _check_array(jnp.asarray(mask), lq, lk, "mask")
 
 
 def matrix(mask: Mask | None, lq: int, lk: int) -> jax.Array | None:
-    """The whole mask as bool [Lq, Lk] (or [1, Lk] for a key mask), None for no mask."""
+    """The whole mask as bool [Lq, Lk] (or a shape that broadcasts to it, e.g. [1, Lk] for a
+    key mask), None for no mask; checked first (`check`)."""
     if mask is None:
         return None
-    if callable(mask):
-        return evaluate(mask, jnp.arange(lq, dtype=jnp.int32), jnp.arange(lk, dtype=jnp.int32))
-    mask = jnp.asarray(mask)
-    return mask[None, :] if mask.ndim == 1 else mask
+    check(mask, lq, lk)
+    return as_fn(mask).matrix(lq, lk)
 
 
 def softmax(s_LxM: jax.Array, allowed_LxM: jax.Array | None) -> tuple[jax.Array, jax.Array]:

@@ -1,8 +1,11 @@
-"""Multi-head self-attention over one sequence: project, split heads, attend per head, merge.
+"""Multi-head attention over one sequence: project, split heads, attend per head, merge.
 
-Params: {"q", "k", "v", "o": {"w": [D, D], "b": [D]}} plus, for parameterized scores, "score": the
-score's params stacked over heads (leading axis H). Head h uses columns h*Dh:(h+1)*Dh of the q/k/v
-projections and rows h*Dh:(h+1)*Dh of the output projection (Dh = D / H).
+Params: {"q", "o": {"w": [D, D], "b": [D]}, "k", "v": {"w": [C, D], "b": [D]}} (C = D for
+self-attention; the feature size of the keys' and values' input for cross-attention) plus, for
+parameterized scores, "score": the score's params stacked over heads (leading axis H). Head h uses
+columns h*Dh:(h+1)*Dh of the q/k/v projections and rows h*Dh:(h+1)*Dh of the output projection
+(Dh = D / H). `heads` and `merge` also take leading batch axes, for batched callers
+(`attn.flax_interop`).
 
 The attention itself is a callable ``attend(q_LxK, k_LxK, v_LxK, mask, *, score_params) ->
 (out_LxK, weights_LxL or None)``, by default ``attn.attention`` (scaled dot product, matrix
@@ -19,6 +22,8 @@ import jax.numpy as jnp
 
 from attn import layers, masks, scores
 from attn.attention import attention
+
+__all__ = ["Attend", "Steps", "apply", "check_params", "heads", "init", "merge", "steps"]
 
 Attend = Callable[..., tuple[jax.Array, jax.Array | None]]
 
@@ -38,14 +43,22 @@ def init(
     *,
     score: str | scores.Score = "scaled_dot",
     dtype=jnp.float32,
+    d_kv: int | None = None,
 ) -> dict:
-    """Params for `apply`; per-head score params come from the score's own init."""
+    """Params for `apply`; per-head score params come from the score's own init. d_kv: the
+    feature size of the keys' and values' input for cross-attention (default d_model)."""
     d_head = _head_dim(d_model, num_heads)
+    d_kv = d_model if d_kv is None else d_kv
     sc = scores.get_score(score)
     kq, kk, kv, ko, ks = jax.random.split(key, 5)
     params = {
-        name: layers.dense_init(k, d_model, d_model, dtype=dtype)
-        for name, k in (("q", kq), ("k", kk), ("v", kv), ("o", ko))
+        name: layers.dense_init(k, d_in, d_model, dtype=dtype)
+        for name, k, d_in in (
+            ("q", kq, d_model),
+            ("k", kk, d_kv),
+            ("v", kv, d_kv),
+            ("o", ko, d_model),
+        )
     }
     if sc.has_params:
         keys_H = jax.random.split(ks, num_heads)
@@ -53,38 +66,63 @@ def init(
     return params
 
 
-def _project(
-    params: dict, x_LxD: jax.Array, num_heads: int
-) -> tuple[jax.Array, jax.Array, jax.Array, Any]:
-    """x [L, D] -> Q, K, V [H, L, Dh] and the per-head score params (or None), validated."""
-    length, d_model = x_LxD.shape
-    d_head = _head_dim(d_model, num_heads)
-    for name in ("q", "k", "v", "o"):
+def check_params(params: dict, d_model: int, d_kv: int, num_heads: int) -> None:
+    """ValueError in one line when params were not built for these sizes (at trace time)."""
+    _head_dim(d_model, num_heads)
+    kv = f"the keys' and values' input has {d_kv} features and x has d_model={d_model}"
+    for name, d_in, what in (
+        ("q", d_model, f"x has d_model={d_model}"),
+        ("k", d_kv, kv),
+        ("v", d_kv, kv),
+        ("o", d_model, f"x has d_model={d_model}"),
+    ):
         shape = params[name]["w"].shape
-        if shape != (d_model, d_model):
+        if shape != (d_in, d_model):
             raise ValueError(
-                f"params[{name!r}]['w'] has shape {shape}; x has d_model={d_model}, so it must "
-                f"be {(d_model, d_model)}"
+                f"params[{name!r}]['w'] has shape {shape}; {what}, so it must be {(d_in, d_model)}"
             )
-    score_params = params.get("score")
-    for path, leaf in jax.tree_util.tree_flatten_with_path(score_params)[0]:
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params.get("score"))[0]:
         if leaf.ndim == 0 or leaf.shape[0] != num_heads:
             raise ValueError(
                 f"params['score']{jax.tree_util.keystr(path)} has shape {leaf.shape}: score "
                 f"params are stacked over heads, so its leading axis must be num_heads={num_heads}"
             )
 
-    def heads(name: str) -> jax.Array:
-        return layers.dense(params[name], x_LxD).reshape(length, num_heads, d_head).swapaxes(0, 1)
 
-    return heads("q"), heads("k"), heads("v"), score_params
+def heads(dense_params: dict, x_xLxC: jax.Array, num_heads: int) -> jax.Array:
+    """One projection of x [..., L, C], split into heads -> [..., L, H, Dh]."""
+    y_xLxD = layers.dense(dense_params, x_xLxC)
+    return y_xLxD.reshape(*y_xLxD.shape[:-1], num_heads, y_xLxD.shape[-1] // num_heads)
+
+
+def merge(params: dict, out_xLxHxK: jax.Array, dtype: jnp.dtype) -> jax.Array:
+    """Per-head outputs [..., L, H, Dh] -> heads concatenated, output-projected [..., L, D]."""
+    out_xLxD = out_xLxHxK.reshape(*out_xLxHxK.shape[:-2], -1).astype(dtype)
+    return layers.dense(params["o"], out_xLxD)
+
+
+def _project(
+    params: dict, x_LxD: jax.Array, kv_MxC: jax.Array | None, num_heads: int
+) -> tuple[jax.Array, jax.Array, jax.Array, Any]:
+    """x [L, D] (and kv [M, C]) -> Q [H, L, Dh], K, V [H, M, Dh] and the per-head score params
+    (or None), validated."""
+    kv_MxC = x_LxD if kv_MxC is None else kv_MxC
+    for name, x in (("x", x_LxD), ("kv", kv_MxC)):
+        if x.ndim != 2:
+            raise ValueError(
+                f"{name} must be [L, features], one sequence (vmap for a batch, or use "
+                f"attn.flax_interop's modules); got shape {x.shape}"
+            )
+    check_params(params, x_LxD.shape[1], kv_MxC.shape[1], num_heads)
+
+    def split(name: str, x: jax.Array) -> jax.Array:
+        return heads(params[name], x, num_heads).swapaxes(0, 1)
+
+    return split("q", x_LxD), split("k", kv_MxC), split("v", kv_MxC), params.get("score")
 
 
 def _merge(params: dict, out_HxLxK: jax.Array, dtype: jnp.dtype) -> jax.Array:
-    """Per-head outputs [H, L, Dh] -> concatenated heads through the output projection [L, D]."""
-    h, length, d_head = out_HxLxK.shape
-    out_LxD = out_HxLxK.swapaxes(0, 1).reshape(length, h * d_head).astype(dtype)
-    return layers.dense(params["o"], out_LxD)
+    return merge(params, out_HxLxK.swapaxes(0, 1), dtype)
 
 
 def apply(
@@ -94,24 +132,26 @@ def apply(
     *,
     num_heads: int,
     attend: Attend = attention,
+    kv_MxC: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
-    """Self-attention of x [L, D] under a mask of any form `attn.attention` takes: key padding
-    [L] (True = real token), [L, L], or a function of positions (`attn.masks`).
+    """Self-attention of x [L, D] (cross-attention to kv [M, C] when given) under a mask of any
+    form `attn.attention` takes: key padding [M] (True = real token), [L, M], or a function of
+    positions (`attn.masks`).
 
-    Returns (y [L, D] in x's dtype, weights [H, L, L] float32, or None when the implementation does
-    not materialise them). Padding queries still get an output (attending to real keys); callers
-    pool with the mask, so it never matters.
+    Returns (y [L, D] in x's dtype, weights [H, L, M] float32, or None when the implementation
+    does not materialise them). Padding queries still get an output (attending to real keys);
+    callers pool with the mask, so it never matters.
     """
-    q_HxLxK, k_HxLxK, v_HxLxK, score_params = _project(params, x_LxD, num_heads)
+    q_HxLxK, k_HxMxK, v_HxMxK, score_params = _project(params, x_LxD, kv_MxC, num_heads)
 
-    def one_head(q_LxK, k_LxK, v_LxK, sp):
-        return attend(q_LxK, k_LxK, v_LxK, mask, score_params=sp)
+    def one_head(q_LxK, k_MxK, v_MxK, sp):
+        return attend(q_LxK, k_MxK, v_MxK, mask, score_params=sp)
 
     sp_axis = None if score_params is None else 0
-    out_HxLxK, w_HxLxL = jax.vmap(one_head, in_axes=(0, 0, 0, sp_axis))(
-        q_HxLxK, k_HxLxK, v_HxLxK, score_params
+    out_HxLxK, w_HxLxM = jax.vmap(one_head, in_axes=(0, 0, 0, sp_axis))(
+        q_HxLxK, k_HxMxK, v_HxMxK, score_params
     )
-    return _merge(params, out_HxLxK, x_LxD.dtype), w_HxLxL
+    return _merge(params, out_HxLxK, x_LxD.dtype), w_HxLxM
 
 
 class Steps(NamedTuple):
@@ -142,7 +182,7 @@ def steps(
     `attn.attention` use, so they equal theirs; raw scores are the only extra computation.
     """
     sc = scores.get_score(score)
-    q_HxLxK, k_HxLxK, v_HxLxK, score_params = _project(params, x_LxD, num_heads)
+    q_HxLxK, k_HxLxK, v_HxLxK, score_params = _project(params, x_LxD, None, num_heads)
     length = x_LxD.shape[0]
     pos_L = jnp.arange(length, dtype=jnp.int32)
     # scaled_dot is the dot product divided by sqrt(Dh): its raw form is `dot`.

@@ -9,6 +9,8 @@ import jax.numpy as jnp
 
 from attn import layers, masks
 
+__all__ = ["cls_pool", "max_pool", "mean_pool", "structured", "structured_init"]
+
 
 def cls_pool(h_LxD: jax.Array, mask_L: jax.Array) -> jax.Array:
     """State at position 0 (the pipeline puts CLS there) -> [D]; zeros if it is padding."""

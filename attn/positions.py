@@ -6,6 +6,8 @@ import numpy as np
 
 from attn import layers
 
+__all__ = ["learned", "learned_init", "sinusoidal"]
+
 
 def learned_init(key: jax.Array, max_len: int, d_model: int, *, stddev: float = 0.02) -> jax.Array:
     """Learned position table [max_len, d_model]."""

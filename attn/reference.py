@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+__all__ = ["PairMask", "PairScore", "attention"]
+
 PairScore = Callable[[np.ndarray, np.ndarray, int, int], float]  # (q_i [d], k_j [d], i, j)
 PairMask = Callable[[int, int], bool]  # (i, j) -> may query i attend to key j
 

@@ -11,10 +11,15 @@ It must be finite, with finite derivatives, on every real pair, masked or not.
 
 Built-in scores are computed in at least float32 whatever the input dtype (bfloat16 inputs give
 float32 scores) because the softmax that follows is sensitive to rounding in its inputs.
+
+A ``Score`` is a static pytree (no leaves, compared by value), so it passes through ``jax.jit``
+as an ordinary argument where a name string would not: ``jax.jit(attn.attention)(q, k, v,
+score=get_score("additive"), score_params=p)``.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Callable
@@ -22,6 +27,24 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+__all__ = [
+    "ALIASES",
+    "SCORES",
+    "Score",
+    "additive",
+    "dot",
+    "dot_scale",
+    "evaluate",
+    "general",
+    "get_score",
+    "init_additive",
+    "init_general",
+    "init_mlp",
+    "mlp",
+    "scaled_by",
+    "scaled_dot",
+]
 
 Params = Any
 ScoreFn = Callable[..., jax.Array]
@@ -41,6 +64,9 @@ class Score(NamedTuple):
     init: InitFn
     has_params: bool | None
     positional: bool = False
+
+
+jax.tree_util.register_static(Score)
 
 
 def _acc_dtype(*xs: Any) -> jnp.dtype:
@@ -72,6 +98,24 @@ def scaled_dot(params: None, q_LxD: jax.Array, k_MxD: jax.Array) -> jax.Array:
     if jnp.issubdtype(q_LxD.dtype, jnp.floating) and jnp.finfo(q_LxD.dtype).bits >= 32:
         return dot(params, q_LxD * scale, k_MxD)
     return dot(params, q_LxD, k_MxD) * scale
+
+
+def _dot_times(params: None, q_LxD: jax.Array, k_MxD: jax.Array, *, scale: Any) -> jax.Array:
+    return dot(params, q_LxD, k_MxD) * scale
+
+
+def scaled_by(scale: Any) -> Score:
+    """s_ij = q_i . k_j * scale, with the float32 scores scaled (``jax.nn``'s ``scale=``)."""
+    return Score("scaled_dot", functools.partial(_dot_times, scale=scale), _no_params, False)
+
+
+def dot_scale(sc: Score, d: int) -> Any:
+    """The scale of a scaled dot-product score (1/sqrt(d), or `scaled_by`'s), None for others."""
+    if sc.fn is scaled_dot:
+        return 1.0 / math.sqrt(d)
+    if isinstance(sc.fn, functools.partial) and sc.fn.func is _dot_times:
+        return sc.fn.keywords["scale"]
+    return None
 
 
 def general(params: dict[str, jax.Array], q_LxD: jax.Array, k_MxD: jax.Array) -> jax.Array:
@@ -156,6 +200,8 @@ SCORES: dict[str, Score] = {
     "additive": Score("additive", additive, init_additive, True),
     "mlp": Score("mlp", mlp, init_mlp, True),
 }
+# Other names for a score: self-attention tutorials call the additive score "concat".
+ALIASES: dict[str, str] = {"concat": "additive"}
 
 
 def _takes_positions(fn: Callable) -> bool:
@@ -174,7 +220,8 @@ def _takes_positions(fn: Callable) -> bool:
 
 
 def get_score(score: str | ScoreFn | Score) -> Score:
-    """Resolve a score name, a ``Score``, or a callable ``fn(params, q_LxD, k_MxD) -> s_LxM``.
+    """Resolve a score name (or alias), a ``Score``, or a callable ``fn(params, q_LxD, k_MxD)
+    -> s_LxM``.
 
     A callable that declares ``q_pos`` and ``k_pos`` is given the positions. A bare callable gets
     an ``init`` returning None: the caller supplies its params, if any.
@@ -182,14 +229,18 @@ def get_score(score: str | ScoreFn | Score) -> Score:
     if isinstance(score, Score):
         return score
     if isinstance(score, str):
-        if score not in SCORES:
-            raise ValueError(f"score must be one of {sorted(SCORES)} or a callable; got {score!r}")
-        return SCORES[score]
+        name = ALIASES.get(score, score)
+        if name not in SCORES:
+            raise ValueError(
+                f"score must be one of {sorted([*SCORES, *ALIASES])} or a callable; got {score!r}"
+            )
+        return SCORES[name]
     if callable(score):
         name = getattr(score, "__name__", repr(score))
         return Score(name, score, _no_params, None, _takes_positions(score))
     raise TypeError(
-        f"score must be a name in {sorted(SCORES)} or a callable; got {type(score).__name__}"
+        f"score must be a name in {sorted([*SCORES, *ALIASES])} or a callable; got "
+        f"{type(score).__name__}"
     )
 
 

@@ -33,7 +33,7 @@ def plot_attention(att: dict, out: str) -> list[str]:
     for key, label in (("time_s", "time (s)"), ("temp_bytes", "XLA temp memory (MiB)")):
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
         for ax, mode in zip(axes, ("fwd", "fwd_bwd"), strict=True):
-            for method in attention.METHODS:
+            for method in _STYLE:  # the batched forms would overlay their twins
                 pts = sorted(
                     (r["L"], r[key], "skipped" in r)
                     for r in rows
@@ -83,14 +83,24 @@ def plot_attention(att: dict, out: str) -> list[str]:
 
 def _attention_md(att: dict, out: str) -> list[str]:
     t = att["targets"]
+    # Runs before the batched forms and the compile column had neither.
+    batched = (
+        "; `batched` and `batched chunked` are `attn.dot_product_attention` (the same vmap, done "
+        "for the caller) with the matrix and chunked implementations"
+        if "batched" in att
+        else ""
+    )
+    compiled = any("compile_s" in r for r in att["rows"])
     lines = [
         "## 1. Attention kernels",
         "",
         f"float32, batch {att['batch']}, {att['heads']} heads; q, k, v [B, L, H, D]; no mask. "
         f"`matrix` and `chunked` are `attn.attention.attention` vmapped over batch and heads; "
         f"`jax.nn` is `jax.nn.dot_product_attention(implementation='xla')`; `flax` is "
-        f"`flax.linen.dot_product_attention`. fwd+bwd = grad of the sum of outputs wrt q, k, v. "
-        f"Time: median over interleaved repeats of the AOT-compiled program; memory: XLA "
+        f"`flax.linen.dot_product_attention`{batched}. fwd+bwd = grad of the sum of outputs wrt "
+        f"q, k, v. Time: median over interleaved repeats of the AOT-compiled program"
+        + ("; compile: seconds to trace, lower and compile it (once each)" if compiled else "")
+        + f"; memory: XLA "
         f"`temp_size_in_bytes`; est. peak adds the two [B, H, L, L] float32 scratch arrays that "
         f"XLA:CPU's fused kernels allocate outside it for every form but the chunked one "
         f"(measured with benchmarks/probes/rss.py); the 8 GiB skip rule uses est. peak. "
@@ -98,15 +108,18 @@ def _attention_md(att: dict, out: str) -> list[str]:
         f"{att['matmul_n']}² float32 matmul measured in the same run: "
         f"**{att['matmul_gflops']:.1f} GFLOP/s**.",
         "",
-        "| L | D | mode | method | time (ms) | × jax.nn | temp MiB | × matrix | est. peak MiB "
-        "| GFLOP/s | of matmul | repeats | note |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| L | D | mode | method | time (ms) | × jax.nn | "
+        + ("compile (s) | " if compiled else "")
+        + "temp MiB | × matrix | est. peak MiB | GFLOP/s | of matmul | repeats | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if compiled else ""),
     ]
     for r in att["rows"]:
         lines.append(
             f"| {r['L']} | {r['D']} | {r['mode']} | {r['method']} | "
             f"{_num(r.get('time_s') and r['time_s'] * 1e3, '.1f')} | "
-            f"{_num(r.get('time_ratio_vs_jax_nn'), '.2f')} | {r['temp_bytes'] / 2**20:.1f} | "
+            f"{_num(r.get('time_ratio_vs_jax_nn'), '.2f')} | "
+            + (f"{_num(r.get('compile_s'), '.2f')} | " if compiled else "")
+            + f"{r['temp_bytes'] / 2**20:.1f} | "
             f"{r['memory_ratio_vs_matrix']:.3f} | {r['estimated_peak_bytes'] / 2**20:.0f} | "
             f"{_num(r.get('gflops'), '.1f')} | "
             f"{_num(r.get('fraction_of_matmul'), '.1%')} | {r.get('repeats', '')} | "
@@ -129,6 +142,26 @@ def _attention_md(att: dict, out: str) -> list[str]:
         f"{lg['chunked_temp_bytes'] / 2**20:.0f} MiB temp; matrix would need "
         f"{lg['matrix_temp_bytes'] / attention.GIB:.1f} GiB.",
     ]
+    if "batched" in att:
+        bt = att["batched"]
+        per_length = ", ".join(
+            f"L={length}: {max(x['ratio'] for x in bt['ratios'] if x['L'] == length):.3f}"
+            for length in bt["lengths"]
+        )
+        same = (
+            "identical (optimised HLO without source locations and argument names), so any "
+            "difference is timing noise"
+            if bt["all_same_program"]
+            else "**not** identical for "
+            + ", ".join(
+                f"{x['method']} {x['mode']} L={x['L']}" for x in bt["same_program"] if not x["same"]
+            )
+        )
+        lines.append(
+            f"- {bt['target']}: {_met(bt)}; worst ratio {_num(bt['worst'], '.3f')} (worst per L, "
+            f"fwd and fwd+bwd, both implementations: {per_length}). The compiled programs of "
+            f"each pair are {same}."
+        )
     if "scaling" in att:
         lin = t["chunked_linear"]
         lines += [

@@ -9,6 +9,7 @@ import pytest
 from conftest import enable_x64
 from jax.test_util import check_grads
 
+import attn
 from attn import reference, scores
 from attn.attention import attention
 
@@ -349,3 +350,111 @@ def test_callable_score_receives_the_params_it_is_given():
 def test_validation_runs_at_trace_time_under_jit():
     with pytest.raises(ValueError, match="k and v must share Lk"):
         jax.jit(lambda q, k, v: attention(q, k, v))(_q, _k, _v[:6])
+
+
+@pytest.mark.parametrize("implementation", ["matrix", "chunked", "xla"])
+def test_integer_values_are_refused_not_truncated(implementation):
+    q, k, _ = _inputs(21)
+    v_int = jnp.arange(LK * E, dtype=jnp.int32).reshape(
+        LK, E
+    )  # a weighted mean of it is fractional
+    with pytest.raises(TypeError, match="v must be floating point.*int32"):
+        attention(q, k, v_int, implementation=implementation)
+    out, _ = attention(q, k, v_int.astype(jnp.float32), implementation=implementation)
+    assert out.dtype == jnp.float32 and not np.allclose(out, np.round(out))
+
+
+def test_score_params_for_another_d_are_refused_by_shape():
+    q, k, v = _inputs(22)
+    general_8 = _params("general", d=8)
+    with pytest.raises(ValueError) as info:
+        attention(q, k, v, score="general", score_params=general_8)
+    message = str(info.value)
+    assert "\n" not in message
+    for w in ("score='general'", "d=4", "['w_DxD']", "(8, 8)", "(4, 4)"):
+        assert w in message, (w, message)
+    with pytest.raises(
+        ValueError, match=r"\['wk_DxH'\] has shape \(8, 8\).*hidden=8\) builds \(4, 8\)"
+    ):
+        attention(q, k, v, score="additive", score_params=_params("additive", d=8))
+    # Another hidden size is no fault: the params fit d.
+    p7 = scores.get_score("mlp").init(jax.random.key(0), D, hidden=7)
+    out, _ = attention(q, k, v, score="mlp", score_params=p7)
+    np.testing.assert_allclose(
+        out, reference.attention(q, k, v, score="mlp", score_params=p7)[0], atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("implementation", ["matrix", "chunked", "xla"])
+def test_fully_masked_mean_gives_jax_nn_s_numbers(implementation):
+    q, k, v = _inputs(23, e=D)  # jax.nn takes values of the keys' shape
+    mask = _mask(23)  # row 1 attends nowhere
+    kw = dict(implementation=implementation, q_chunk=2, k_chunk=3, fully_masked="mean")
+    out, w = attention(q, k, v, mask, **kw)
+    expected = jax.nn.dot_product_attention(q[:, None], k[:, None], v[:, None], mask=mask)[:, 0]
+    np.testing.assert_allclose(out, expected, atol=1e-5)
+    np.testing.assert_allclose(out[1], np.asarray(v).mean(0), atol=1e-6)
+    if w is not None:
+        np.testing.assert_allclose(w[1], 1.0 / LK, atol=1e-7)
+    grads = jax.grad(lambda v: attention(q, k, v, mask, **kw)[0][1].sum())(v)
+    np.testing.assert_allclose(grads, np.full((LK, D), 1.0 / LK), atol=1e-6)
+
+
+def test_attention_binds_static_arguments_in_a_form_jit_takes():
+    q, k, v = _inputs(24)
+    mask, p = _mask(24), _params("additive")
+    bound = attn.Attention(score="additive", implementation="chunked", q_chunk=2, k_chunk=3)
+    assert bound == attn.Attention("additive", "chunked", 2, 3)
+    assert hash(bound) == hash(attn.Attention("additive", "chunked", 2, 3))
+    assert jax.tree.leaves(bound) == []
+    expected, _ = attention(
+        q, k, v, mask, score="additive", score_params=p, implementation="chunked", q_chunk=2,
+        k_chunk=3,
+    )  # fmt: skip
+    out, w = jax.jit(bound)(q, k, v, mask, score_params=p)
+    np.testing.assert_allclose(out, expected, atol=1e-6)
+    assert w is None
+    traces = []
+
+    @jax.jit
+    def run(q, attend, p):  # the bound attention is an ordinary argument
+        traces.append(1)
+        return attend(q, k, v, mask, score_params=p)[0]
+
+    run(q, bound, p)
+    run(q, attn.Attention(score="additive", implementation="chunked", q_chunk=2, k_chunk=3), p)
+    assert len(traces) == 1  # equal by value: one trace
+    # A resolved Score is a static pytree too: no static_argnames needed.
+    out_score, _ = jax.jit(attention)(
+        q, k, v, mask, score=scores.get_score("additive"), score_params=p
+    )
+    np.testing.assert_allclose(
+        out_score, attention(q, k, v, mask, score="additive", score_params=p)[0], atol=1e-6
+    )
+    with pytest.raises(ValueError, match="implementation must be one of"):
+        attn.Attention(implementation="flash")
+    with pytest.raises(ValueError, match="score must be one of"):
+        attn.Attention(score="dott")
+
+
+def test_attention_dropout_scales_kept_weights_like_flax():
+    q, k, v = _inputs(25)
+    mask, rng = _mask(25), jax.random.key(3)
+    out, w = attention(q, k, v, mask, dropout_rate=0.25, dropout_rng=rng)
+    keep = jax.random.bernoulli(rng, 0.75, (LQ, LK))
+    np.testing.assert_allclose(
+        out, (np.asarray(w) * np.asarray(keep) / 0.75) @ np.asarray(v), atol=1e-5
+    )
+    np.testing.assert_allclose(w, attention(q, k, v, mask)[1], atol=1e-7)  # weights before dropout
+    assert not np.allclose(out, attention(q, k, v, mask)[0], atol=1e-3)
+    for kw, words in (
+        (dict(dropout_rate=0.1), "needs a dropout_rng"),
+        (
+            dict(dropout_rate=0.1, dropout_rng=rng, implementation="chunked"),
+            "only implementation='matrix'",
+        ),
+        (dict(dropout_rate=1.0, dropout_rng=rng), "dropout_rate must be a float in"),
+        (dict(fully_masked="nan"), "fully_masked must be one of"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            attention(q, k, v, mask, **kw)

@@ -1,113 +1,238 @@
-"""The Flax linen and nnx wrappers hold the pure param tree and compute the pure function."""
+"""The Flax linen and nnx modules: the pure param tree and function, Flax's own MultiHeadAttention
+(same weights: same outputs, masks, dropout and training), and one trace per config."""
 
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
 from attn import flax_interop, masks, multihead
 from attn.attention import attention
 
-B, L, D, H = 2, 5, 8, 2
+B, L, S, D, C, H = 2, 5, 6, 8, 6, 2
 X = jax.random.normal(jax.random.key(0), (B, L, D))
-MASK = jnp.array([[True] * 5, [True, True, True, False, False]])
+CTX = jax.random.normal(jax.random.key(1), (B, S, C))
+PAD = jnp.array([[True] * 5, [True, True, True, False, False]])  # key padding [B, L]
+PAD_MASK = PAD[:, None, None, :]  # as Flax takes it: [B, 1, 1, L]
 
 
-def _pure(params, score="scaled_dot", mask=MASK):
+def _pure(params, x, mask, score="scaled_dot", kv=None):
+    """multihead.apply per row: the pure function the modules must equal."""
     attend = functools.partial(attention, score=score)
-    fn = jax.vmap(lambda x, m: multihead.apply(params, x, m, num_heads=H, attend=attend))
-    return fn(X, mask)
+
+    def one(x, m, kv):
+        return multihead.apply(params, x, m, num_heads=H, attend=attend, kv_MxC=kv)
+
+    kv_axis = None if kv is None else 0
+    return jax.vmap(one, in_axes=(0, 0, kv_axis))(x, mask, kv)
+
+
+def _to_flax(params, d_kv=D):
+    """Our [C, D] projections -> Flax's kernels [C, H, Dh] / [H, Dh, D]."""
+    dh = D // H
+
+    def proj(p, d_in):
+        return {"kernel": p["w"].reshape(d_in, H, dh), "bias": p["b"].reshape(H, dh)}
+
+    return {
+        "query": proj(params["q"], D),
+        "key": proj(params["k"], d_kv),
+        "value": proj(params["v"], d_kv),
+        "out": {"kernel": params["o"]["w"].reshape(H, dh, D), "bias": params["o"]["b"]},
+    }
+
+
+def _nnx_twin(ours: flax_interop.NnxMultiHeadAttention, d_kv=D, **kw) -> nnx.MultiHeadAttention:
+    """Flax's nnx.MultiHeadAttention holding our module's weights (dropout stream seed 1)."""
+    flax_mha = nnx.MultiHeadAttention(
+        H, D, in_kv_features=d_kv, decode=False, rngs=nnx.Rngs(0, dropout=1), **kw
+    )
+    for name, layer in _to_flax(ours.pure_params(), d_kv).items():
+        for p, value in layer.items():
+            getattr(getattr(flax_mha, name), p)[...] = value
+    return flax_mha
 
 
 @pytest.mark.parametrize("score", ["scaled_dot", "general"])
-def test_linen_module_equals_pure_function(score):
+def test_linen_module_holds_the_pure_tree_and_computes_the_pure_function(score):
     module = flax_interop.SelfAttention(num_heads=H, score=score)
-    variables = module.init(jax.random.key(1), X, MASK)
+    variables = module.init(jax.random.key(1), X, PAD_MASK)
     params = variables["params"]
     expected = jax.tree.map(jnp.shape, multihead.init(jax.random.key(0), D, H, score=score))
     assert jax.tree.map(jnp.shape, dict(params)) == expected
-    y, w = module.apply(variables, X, MASK, return_weights=True)
-    y_ref, w_ref = _pure(params, score)
+    y, w = module.apply(variables, X, PAD_MASK, return_weights=True)
+    y_ref, w_ref = _pure(params, X, PAD, score)
     np.testing.assert_allclose(y, y_ref, atol=1e-6)
     np.testing.assert_allclose(w, w_ref, atol=1e-6)
-    # Pure params drop straight into the module.
-    pure = multihead.init(jax.random.key(2), D, H, score=score)
+    pure = multihead.init(jax.random.key(2), D, H, score=score)  # pure params drop straight in
     np.testing.assert_allclose(
-        module.apply({"params": pure}, X, MASK), _pure(pure, score)[0], atol=1e-6
+        module.apply({"params": pure}, X, PAD_MASK), _pure(pure, X, PAD, score)[0], atol=1e-6
     )
-
-
-def test_linen_accepts_one_unbatched_sequence_and_checks_the_mask():
-    module = flax_interop.SelfAttention(num_heads=H)
-    variables = module.init(jax.random.key(1), X[0])
-    y = module.apply(variables, X[0])
-    y_ref, _ = multihead.apply(variables["params"], X[0], None, num_heads=H)
-    np.testing.assert_allclose(y, y_ref, atol=1e-6)
-    with pytest.raises(ValueError, match="mask shape"):
-        module.apply(variables, X, MASK[:, :3])
-
-
-def test_linen_takes_query_key_masks_and_mask_functions():
-    module = flax_interop.SelfAttention(num_heads=H)
-    variables = module.init(jax.random.key(1), X)
-    pairs_BxLxL = jax.vmap(lambda m: masks.matrix(masks.all_of(masks.causal, m), L, L))(MASK)
-    y, w = module.apply(variables, X, pairs_BxLxL, return_weights=True)
-    y_ref, w_ref = _pure(variables["params"], mask=pairs_BxLxL)
-    np.testing.assert_allclose(y, y_ref, atol=1e-6)
-    assert np.all(np.asarray(w)[:, :, 0, 1:] == 0.0)  # causal: the first query sees only itself
-    y_fn = module.apply(variables, X, masks.causal)  # one function for every sequence
-    y_all = module.apply(
-        variables, X, jnp.broadcast_to(masks.matrix(masks.causal, L, L), (B, L, L))
-    )
-    np.testing.assert_allclose(y_fn, y_all, atol=1e-6)
 
 
 @pytest.mark.parametrize("module_type", ["linen", "nnx"])
-def test_attend_chooses_the_implementation(module_type):
-    attend = functools.partial(
-        attention, score="additive", implementation="chunked", q_chunk=2, k_chunk=3
-    )
+def test_cross_attention_equals_the_pure_function_and_flax(module_type):
     if module_type == "linen":
-        module = flax_interop.SelfAttention(num_heads=H, score="additive", attend=attend)
-        variables = module.init(jax.random.key(1), X, MASK)
+        module = flax_interop.MultiHeadAttention(num_heads=H)
+        variables = module.init(jax.random.key(3), X, CTX)
         params = variables["params"]
-        y, w = module.apply(variables, X, MASK, return_weights=True)
+        y = module.apply(variables, X, CTX, mask=PAD_MASK[:, :, :, :1] | True)
+        y_kv = module.apply(variables, X, inputs_kv=CTX)
+        np.testing.assert_array_equal(y, y_kv)
+        flax_module = nn.MultiHeadDotProductAttention(num_heads=H, qkv_features=D, out_features=D)
+        y_flax = flax_module.apply({"params": _to_flax(params, C)}, X, CTX)
     else:
-        module = flax_interop.NnxSelfAttention(
-            D, H, score="additive", attend=attend, rngs=nnx.Rngs(3)
-        )
+        module = flax_interop.NnxMultiHeadAttention(H, D, in_kv_features=C, rngs=nnx.Rngs(3))
         params = module.pure_params()
-        y, w = module(X, MASK, return_weights=True)
-    assert w is None  # chunked forms no weights
-    np.testing.assert_allclose(y, _pure(params, "additive")[0], atol=1e-5)
+        y = module(X, CTX)
+        y_flax = _nnx_twin(module, C)(X, CTX)
+    assert jax.tree.map(jnp.shape, dict(params))["k"] == {"b": (D,), "w": (C, D)}
+    np.testing.assert_allclose(y, _pure(params, X, jnp.ones((B, S), bool), kv=CTX)[0], atol=1e-6)
+    np.testing.assert_allclose(y, y_flax, atol=1e-5)
 
 
-@pytest.mark.parametrize("score", ["scaled_dot", "additive"])
-def test_nnx_module_equals_pure_function_and_trains(score):
-    module = flax_interop.NnxSelfAttention(D, H, score=score, rngs=nnx.Rngs(3))
-    params = module.pure_params()
-    state = nnx.state(module, nnx.Param)
-    assert jax.tree.map(jnp.shape, params) == jax.tree.map(
-        jnp.shape, multihead.init(jax.random.key(0), D, H, score=score)
+MASKS = {
+    "shared [L, L]": jnp.tril(jnp.ones((L, L), bool)),
+    "per-head [B, H, L, L]": jax.random.bernoulli(jax.random.key(4), 0.7, (B, H, L, L))
+    .at[..., 0]
+    .set(True),
+    "key padding [B, 1, 1, L]": PAD_MASK,
+    "per-row [B, 1, L, L]": jnp.tril(jnp.ones((B, 1, L, L), bool)) & PAD_MASK,
+}
+
+
+@pytest.mark.parametrize("name", sorted(MASKS))
+def test_masks_broadcast_as_in_flax(name):
+    module = flax_interop.NnxSelfAttention(D, H, rngs=nnx.Rngs(5))
+    y, w = module(X, MASKS[name], return_weights=True)
+    mask_BxHxLxL = jnp.broadcast_to(MASKS[name], (B, H, L, L))
+    np.testing.assert_array_equal(np.asarray(w)[~np.asarray(mask_BxHxLxL)], 0.0)
+    np.testing.assert_allclose(y, _nnx_twin(module)(X, mask=MASKS[name]), atol=1e-5)
+
+
+@pytest.mark.parametrize("module_type", ["linen", "nnx"])
+def test_per_row_mask_functions(module_type):
+    seg_BxL = jnp.array([[0, 0, 1, 1, 1], [0, 1, 1, 1, 2]])
+    len_B = jnp.array([5, 3], jnp.int32)
+    fn = masks.all_of(masks.segments(seg_BxL), masks.lengths(len_B, len_B))
+    # The same rule as a [B, 1, L, L] array.
+    same = seg_BxL[:, :, None] == seg_BxL[:, None, :]
+    real = jnp.arange(L)[None, :] < len_B[:, None]
+    array = (same & real[:, :, None] & real[:, None, :])[:, None]
+    if module_type == "linen":
+        module = flax_interop.SelfAttention(num_heads=H)
+        variables = module.init(jax.random.key(6), X)
+        call = functools.partial(module.apply, variables, X)
+    else:
+        call = functools.partial(flax_interop.NnxSelfAttention(D, H, rngs=nnx.Rngs(6)), X)
+    np.testing.assert_allclose(call(fn), call(array), atol=1e-6)
+    np.testing.assert_allclose(call(masks.causal), call(jnp.tril(jnp.ones((L, L), bool))), 1e-6)
+    # Several batch axes: [2, B, L, D] with per-row ids [2, B, L].
+    x4 = jnp.stack([X, X[::-1]])
+    seg4 = jnp.stack([seg_BxL, seg_BxL[::-1]])
+    if module_type == "linen":
+        y4 = module.apply(variables, x4, masks.segments(seg4))
+    else:
+        y4 = call.func(x4, masks.segments(seg4))
+    np.testing.assert_allclose(y4[1, 0], call(masks.segments(seg_BxL))[1], atol=1e-6)
+
+
+def test_dropout_is_flax_s_and_off_when_deterministic():
+    ours = flax_interop.NnxSelfAttention(
+        D, H, dropout_rate=0.4, deterministic=False, rngs=nnx.Rngs(7, dropout=1)
     )
-    assert len(jax.tree.leaves(state)) == len(jax.tree.leaves(params))
-    y, w = module(X, MASK, return_weights=True)
-    y_ref, w_ref = _pure(params, score)
-    np.testing.assert_allclose(y, y_ref, atol=1e-6)
-    np.testing.assert_allclose(w, w_ref, atol=1e-6)
-
-    def loss(m):
-        return jnp.sum(m(X, MASK) ** 2)
-
-    grads = nnx.grad(loss)(module)
-    pure_grads = jax.grad(lambda p: jnp.sum(_pure(p, score)[0] ** 2))(params)
-    flat = jax.tree.leaves(nnx.state(grads))
+    twin = _nnx_twin(ours, dropout_rate=0.4, deterministic=False)
+    for _ in range(2):  # both draw from their dropout streams, step by step alike
+        y = ours(X, PAD_MASK)
+        np.testing.assert_allclose(y, twin(X, mask=PAD_MASK), atol=1e-5)
+    plain = flax_interop.NnxSelfAttention(D, H, rngs=nnx.Rngs(7))
+    y_plain = plain(X, PAD_MASK)
+    assert not np.allclose(y, y_plain, atol=1e-3)
+    np.testing.assert_allclose(ours(X, PAD_MASK, deterministic=True), y_plain, atol=1e-6)
+    module = flax_interop.SelfAttention(num_heads=H, dropout_rate=0.4)
+    variables = module.init(jax.random.key(7), X, deterministic=True)
+    with pytest.raises(ValueError, match="pass deterministic=True or False"):
+        module.apply(variables, X)
+    rngs = {"dropout": jax.random.key(8)}
+    y1 = module.apply(variables, X, deterministic=False, rngs=rngs)
+    twin = nn.MultiHeadDotProductAttention(num_heads=H, dropout_rate=0.4, deterministic=False)
     np.testing.assert_allclose(
-        np.concatenate([np.ravel(g) for g in flat]),
-        np.concatenate([np.ravel(g) for g in jax.tree.leaves(pure_grads)]),
-        rtol=1e-5,
-        atol=1e-6,
+        y1, twin.apply({"params": _to_flax(variables["params"])}, X, rngs=rngs), atol=1e-5
     )
+
+
+class _Regressor(nnx.Module):
+    """Cross-attention, mean over queries, a linear head: the twin-training model."""
+
+    def __init__(self, attention_module):
+        self.attention = attention_module
+        self.head = nnx.Linear(D, 1, rngs=nnx.Rngs(9))
+
+    def __call__(self, x, ctx, mask):
+        return self.head(self.attention(x, ctx, mask=mask).mean(axis=1))[:, 0]
+
+
+def test_training_our_module_and_flax_s_from_the_same_weights_gives_the_same_losses():
+    kw = dict(dropout_rate=0.2, deterministic=False)
+    ours = flax_interop.NnxMultiHeadAttention(
+        H, D, in_kv_features=C, rngs=nnx.Rngs(10, dropout=1), **kw
+    )
+    models = [_Regressor(ours), _Regressor(_nnx_twin(ours, C, **kw))]
+    mask = jnp.ones((B, 1, L, S), bool).at[1, :, :, 4:].set(False)
+    target = jnp.array([1.0, -1.0])
+    losses = []
+    for model in models:
+        optimizer = nnx.Optimizer(model, optax.adam(0.01), wrt=nnx.Param)
+
+        @nnx.jit
+        def step(model, optimizer):
+            def loss_fn(model):
+                return jnp.mean((model(X, CTX, mask) - target) ** 2)
+
+            loss, grads = nnx.value_and_grad(loss_fn)(model)
+            optimizer.update(model, grads)
+            return loss
+
+        losses.append([float(step(model, optimizer)) for _ in range(10)])
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+    assert np.mean(losses[0][-5:]) < 0.5 * losses[0][0]  # it learns (through dropout's noise)
+
+
+def test_two_instances_of_one_config_trace_once():
+    traces = []
+
+    @nnx.jit
+    def forward(module, x):
+        traces.append(1)
+        return module(x, masks.causal)
+
+    kw = dict(score="additive", implementation="chunked", q_chunk=2, k_chunk=3)
+    first = flax_interop.NnxSelfAttention(D, H, rngs=nnx.Rngs(11), **kw)
+    second = flax_interop.NnxSelfAttention(D, H, rngs=nnx.Rngs(12), **kw)
+    y1, y2 = forward(first, X), forward(second, X)
+    assert len(traces) == 1
+    assert not np.allclose(y1, y2)  # two sets of weights, one program
+    forward(flax_interop.NnxSelfAttention(D, H, rngs=nnx.Rngs(13), score="dot"), X)
+    assert len(traces) == 2  # another config is another program
+
+
+@pytest.mark.parametrize(
+    "mask, exc, words",
+    [
+        (PAD, ValueError, ["mask", "(2, 5)", "(2, 2, 5, 5)", "mask[:, None, None, :]"]),
+        (PAD_MASK.astype(jnp.int32), TypeError, ["mask", "int32"]),
+        (masks.segments(jnp.zeros((3, L), jnp.int32)), ValueError, ["segments", "(3,)", "(2,)"]),
+    ],
+)
+def test_bad_masks_raise_one_line_errors(mask, exc, words):
+    module = flax_interop.NnxSelfAttention(D, H, rngs=nnx.Rngs(14))
+    with pytest.raises(exc) as info:
+        module(X, mask)
+    assert "\n" not in str(info.value)
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))

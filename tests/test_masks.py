@@ -159,3 +159,93 @@ def test_bad_masks_and_positional_scores_raise_clearly():
         attention(q, k, v, score=lambda p, q, k, *, q_pos: q @ k.T)
     with pytest.raises(ValueError, match=r"must return \[Lq, Lk\] = \(7, 10\).*\(7, 7\)"):
         attention(q, k, v, score=lambda p, q, k: q @ q.T)
+
+
+def test_arrays_inside_mask_functions_are_checked_against_the_lengths():
+    # A too-short array indexed by position would clamp: rows 5..7 would reuse entry 4.
+    q, k, v = _inputs(7, lq=8, lk=8)
+    short = jnp.ones((5,), bool)
+    for implementation in ("matrix", "chunked", "xla"):
+        with pytest.raises(ValueError, match=r"all_of part 1, array\) has shape \(5,\).*\(8, 8\)"):
+            attention(q, k, v, masks.all_of(masks.causal, short), implementation=implementation)
+    nested = masks.all_of(masks.causal, masks.all_of(jnp.ones((8, 3), bool)))
+    with pytest.raises(ValueError, match=r"part 1, all_of\) \(all_of part 0, array\).*\(8, 3\)"):
+        masks.matrix(nested, 8, 8)
+    with pytest.raises(ValueError, match=r"segments' query ids have shape \(3,\).*Lq=8.*\(8,\)"):
+        masks.matrix(masks.segments(jnp.array([0, 1, 2])), 8, 8)
+    with pytest.raises(ValueError, match=r"segments' key ids have shape \(9,\).*Lk=8"):
+        attention(q, k, v, masks.segments(jnp.zeros(8, int), jnp.zeros(9, int)))
+    with pytest.raises(ValueError, match=r"ids with a batch axis need attn.dot_product_attention"):
+        attention(q, k, v, masks.segments(jnp.zeros((2, 8), int)))
+    with pytest.raises(ValueError, match=r"lengths' key length has shape \(2,\)"):
+        attention(q, k, v, masks.lengths(k_len=jnp.array([3, 4])))
+    with pytest.raises(ValueError, match=r"all_of part 1, array"):  # at trace time under jit
+        jax.jit(lambda q, m: attention(q, q, q, masks.all_of(masks.causal, m))[0])(q, short)
+    for bad in (masks.all_of(masks.causal, short), masks.segments(jnp.arange(3))):
+        with pytest.raises(ValueError) as info:
+            masks.check(bad, 8, 8)
+        assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("shape", [(1, LK), (LQ, 1), (1, 1), (1,)])
+@pytest.mark.parametrize("implementation", ["matrix", "chunked", "xla"])
+def test_masks_broadcast_to_lq_by_lk(shape, implementation):
+    q, k, v = _inputs(8)
+    m = jnp.asarray(np.random.default_rng(8).random(shape) < 0.6).at[(0,) * len(shape)].set(True)
+    full = np.broadcast_to(np.asarray(m), (LQ, LK))
+    out_ref, _ = reference.attention(q, k, v, full)
+    for mask in (m, masks.all_of(m, masks.causal)):
+        kw = dict(implementation=implementation, **CHUNKS)
+        out, _ = attention(q, k, v, mask, **kw)
+        expected = (
+            out_ref if mask is m else attention(q, k, v, full & np.tri(LQ, LK, dtype=bool))[0]
+        )
+        np.testing.assert_allclose(out, expected, atol=1e-5)
+    np.testing.assert_array_equal(np.broadcast_to(masks.matrix(m, LQ, LK), (LQ, LK)), full)
+
+
+def test_mask_functions_are_pytrees_that_jit_and_vmap_take_as_arguments():
+    q, k, v = _inputs(9, lq=LK)
+    pad = jnp.arange(LK) < 8
+    fn = masks.all_of(masks.causal, masks.segments(SEG), pad, masks.sliding_window(3, 0))
+    assert len(jax.tree.leaves(fn)) == 3  # the ids twice and the padding; the rest is static
+    traces = []
+
+    @jax.jit
+    def run(q, k, v, mask):
+        traces.append(1)
+        return attention(q, k, v, mask, implementation="chunked", **CHUNKS)[0]
+
+    out = run(q, k, v, fn)
+    run(
+        q,
+        k,
+        v,
+        masks.all_of(masks.causal, masks.segments(SEG[::-1]), ~pad, masks.sliding_window(3, 0)),
+    )
+    assert len(traces) == 1  # new arrays, same structure: no retrace
+    out_ref, _ = reference.attention(
+        q, k, v, lambda i, j: j <= i and SEG[i] == SEG[j] and j < 8 and i - 3 <= j
+    )
+    np.testing.assert_allclose(out, out_ref, atol=1e-5)
+    # A plain callable passes as a static part of as_fn's pytree.
+    band = masks.as_fn(lambda qp, kp: jnp.abs(qp[:, None] - kp[None, :]) <= 1)
+    np.testing.assert_allclose(run(q, k, v, band), attention(q, k, v, band)[0], atol=1e-6)
+
+
+def test_per_row_masks_carry_their_batch_axis():
+    seg_BxL = jnp.asarray(np.stack([SEG, SEG[::-1]]))
+    fn = masks.all_of(
+        masks.segments(seg_BxL), masks.lengths(jnp.array([10, 6]), None), masks.causal
+    )
+    assert fn.batch_shape == (2,)
+    rows = jax.vmap(lambda m: masks.matrix(m, LK, LK), in_axes=(fn.batch_axes(),))(fn)
+    for b in range(2):
+        s, n = np.asarray(seg_BxL[b]), (10, 6)[b]
+        expected = [[s[i] == s[j] and i < n and j <= i for j in range(LK)] for i in range(LK)]
+        np.testing.assert_array_equal(np.broadcast_to(rows[b], (LK, LK)), expected)
+    assert masks.segments(SEG).batch_shape == () and masks.causal.batch_shape == ()
+    with pytest.raises(ValueError, match="batch shapes differ"):
+        masks.all_of(masks.segments(seg_BxL), masks.lengths(jnp.array([1, 2, 3])))
+    with pytest.raises(TypeError, match="segments: ids must be integers; got dtype float32"):
+        masks.segments(jnp.zeros(3))

@@ -189,3 +189,40 @@ def test_steps_recombine_to_their_weights_and_equal_apply(score):
     y_ref, w_ref = _per_head_reference(params, x_LxD, np.asarray(mask_L), score)
     np.testing.assert_allclose(st.y_LxD, y_ref, atol=1e-5)
     np.testing.assert_allclose(st.weights_HxLxL, w_ref, atol=1e-5)
+
+
+def test_a_batched_x_and_params_for_another_d_raise_naming_the_fault():
+    params = multihead.init(jax.random.key(12), D, H, score="general")
+    attend = functools.partial(attention, score="general")
+    with pytest.raises(ValueError, match=r"x must be \[L, features\], one sequence.*\(2, 7, 12\)"):
+        multihead.apply(params, jnp.zeros((2, L, D)), None, num_heads=H, attend=attend)
+    # score params of the right head count but built for another head dim (D=24 -> Dh=8)
+    params["score"] = multihead.init(jax.random.key(12), 24, H, score="general")["score"]
+    with pytest.raises(ValueError) as info:
+        multihead.apply(params, jnp.zeros((L, D)), None, num_heads=H, attend=attend)
+    assert "\n" not in str(info.value)
+    for w in ("d=4", "['w_DxD']", "(8, 8)", "(4, 4)"):
+        assert w in str(info.value)
+
+
+def test_cross_attention_matches_the_per_head_loop():
+    d_kv, m = 5, 9
+    params = multihead.init(jax.random.key(13), D, H, d_kv=d_kv)
+    assert params["k"]["w"].shape == params["v"]["w"].shape == (d_kv, D)
+    x_LxD = jax.random.normal(jax.random.key(14), (L, D))
+    kv_MxC = jax.random.normal(jax.random.key(15), (m, d_kv))
+    mask_M = jnp.arange(m) < 7
+    y, w = multihead.apply(params, x_LxD, mask_M, num_heads=H, kv_MxC=kv_MxC)
+    assert w.shape == (H, L, m)
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+    x, kv, dh = np.asarray(x_LxD, np.float64), np.asarray(kv_MxC, np.float64), D // H
+    outs = []
+    for h in range(H):
+        cols = slice(h * dh, (h + 1) * dh)
+        q = (x @ p["q"]["w"] + p["q"]["b"])[:, cols]
+        k, v = ((kv @ p[n]["w"] + p[n]["b"])[:, cols] for n in "kv")
+        outs.append(reference.attention(q, k, v, np.asarray(mask_M))[0])
+    y_ref = np.concatenate(outs, axis=1) @ p["o"]["w"] + p["o"]["b"]
+    np.testing.assert_allclose(y, y_ref, atol=1e-5)
+    with pytest.raises(ValueError, match=r"params\['k'\]\['w'\] has shape \(5, 12\).*4 features"):
+        multihead.apply(params, x_LxD, mask_M, num_heads=H, kv_MxC=kv_MxC[:, :4])

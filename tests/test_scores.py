@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attn import scores
+from attn import classifier, reference, scores
+from attn.attention import attention
 
 
 def _qk(seed=0, dtype=jnp.float32):
@@ -76,3 +77,25 @@ def test_bfloat16_scaled_dot_is_the_float32_dot_scaled():
     assert s.dtype == jnp.float32
     expected = np.asarray(q, np.float64) @ np.asarray(k, np.float64).T / np.sqrt(8)
     np.testing.assert_allclose(s, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_concat_is_the_additive_score():
+    assert scores.get_score("concat") is scores.get_score("additive")
+    r = np.random.default_rng(4)
+    q, k, v = (jnp.asarray(r.normal(size=(n, 4)), jnp.float32) for n in (3, 5, 5))
+    p = scores.get_score("concat").init(jax.random.key(0), 4)
+    out, w = attention(q, k, v, score="concat", score_params=p)
+    out_ref, w_ref = reference.attention(q, k, v, score="additive", score_params=p)
+    np.testing.assert_allclose(w, w_ref, atol=1e-6)
+    np.testing.assert_allclose(out, out_ref, atol=1e-6)
+    cfg = classifier.ModelConfig(vocab_size=10, d_model=8, num_heads=2, score="concat")
+    assert cfg.score == "additive" and cfg == classifier.ModelConfig(
+        vocab_size=10, d_model=8, num_heads=2, score="additive"
+    )
+    params = classifier.init(jax.random.key(1), cfg)
+    logits, _ = classifier.apply(params, jnp.array([[3, 4, 5, 0]]), cfg)
+    assert logits.shape == (1, 2) and np.isfinite(logits).all()
+    with pytest.raises(ValueError, match=r"score must be one of .*'concat'"):
+        classifier.ModelConfig(vocab_size=10, score="concatenate")
+    with pytest.raises(ValueError, match=r"score must be one of .*'concat'.*'mlp'"):
+        scores.get_score("bilinear")
