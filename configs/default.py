@@ -52,7 +52,7 @@ MEANINGS = {
     "model.pool_hidden": "hidden width d_a of structured pooling",
     "model.dropout": "dropout on residual branches and the pooled vector",
     "model.embed_dropout": "dropout on the summed input embeddings",
-    "model.score": "query-key similarity: dot, scaled_dot, general, additive or mlp",
+    "model.score": "query-key similarity: dot, scaled_dot, general, additive (alias concat) or mlp",
     "model.implementation": "matrix, chunked (memory linear in length) or xla",
     "model.q_chunk": "query rows per block of chunked attention",
     "model.k_chunk": "key rows per block of chunked attention",
