@@ -72,6 +72,22 @@ def predicted(
     return c_B, _take(p_BxC, c_B)
 
 
+def logit_halves(
+    params: dict, tokens_BxL: jax.Array, cfg: ModelConfig, bag: Bag | None = None
+) -> tuple[jax.Array, jax.Array]:
+    """(logits [B, C] of the encoder, pooling and head alone, logits [B, C] the bag adds): the
+    classifier's logits are their sum. Attention-based importance can explain only the first.
+    ValueError for a model without a bag."""
+    if not cfg.bag_buckets:
+        raise ValueError("importance.logit_halves: the model has no bag (bag_buckets=0)")
+    logits_BxC, _ = classifier.apply(params, tokens_BxL, cfg, bag_tokens_BxM=_bag_tokens(bag))
+    alone = dataclasses.replace(cfg, bag_buckets=0)
+    encoder_BxC, _ = classifier.apply(
+        {k: v for k, v in params.items() if k != "bag"}, tokens_BxL, alone
+    )
+    return encoder_BxC, logits_BxC - encoder_BxC
+
+
 def attention(params: dict, tokens_BxL: jax.Array, cfg: ModelConfig) -> jax.Array:
     """The attention each token receives [B, L] (see the module docstring); ValueError for a
     model without attention (`has_attention`)."""

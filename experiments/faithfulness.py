@@ -10,7 +10,8 @@ n-grams and the bag lose them too), and sufficiency, the drop when only they are
 et al. 2020), at k = 1, 2, 5, 10, 20% (at least one token); AOPC, their mean over k; and the
 Spearman and Kendall correlation of its token scores with leave-one-out's in each text. Each is
 a mean over texts with a 95% bootstrap interval (1,000 resamples of the texts), and AOPC
-differences between methods are bootstrapped in pairs.
+differences between methods are bootstrapped in pairs. For a model with a bag of n-grams, also
+how often each half of its logits (encoder, bag) alone gives the prediction.
 
 Writes DIR/faithfulness.json and DIR/faithfulness.png (probability drop against k, one line per
 method) and prints the table as markdown rows: the faithfulness table of benchmarks/REPORT.md.
@@ -101,8 +102,9 @@ def faithfulness(workdir: str, split: str = "test", limit: int | None = None) ->
 @functools.partial(jax.jit, static_argnames=("cfg", "methods", "chunk"))
 def _explain(params, tokens_BxL, candidates_BxL, bag, text_B, *, cfg, methods, chunk):
     """Predicted class and probability [B], each method's scores [B, L] and erasure drops
-    (comprehensiveness, sufficiency) [B, K]. text_B numbers the texts: each gets its own random
-    ranking, whatever batch it falls in."""
+    (comprehensiveness, sufficiency) [B, K], and with a bag the margin [B] by which each half of
+    the logits alone favours the predicted class. text_B numbers the texts: each gets its own
+    random ranking, whatever batch it falls in."""
     c_B, p_B = importance.predicted(params, tokens_BxL, cfg, bag)
     score = {
         "attention": lambda: importance.attention(params, tokens_BxL, cfg),
@@ -134,7 +136,17 @@ def _explain(params, tokens_BxL, candidates_BxL, bag, text_B, *, cfg, methods, c
         m: (comp_MBxK[i * batch : (i + 1) * batch], suff_MBxK[i * batch : (i + 1) * batch])
         for i, m in enumerate(methods)
     }
-    return c_B, p_B, scores, drops
+    margins = None
+    if cfg.bag_buckets:
+        margins = [_margin(h, c_B) for h in importance.logit_halves(params, tokens_BxL, cfg, bag)]
+    return c_B, p_B, scores, drops, margins
+
+
+def _margin(logits_BxC: jax.Array, c_B: jax.Array) -> jax.Array:
+    """Class c's logit less the largest other one: > 0 where these logits alone predict c."""
+    is_c_BxC = jnp.arange(logits_BxC.shape[1]) == c_B[:, None]
+    own_B = jnp.where(is_c_BxC, logits_BxC, -jnp.inf).max(1)
+    return own_B - jnp.where(is_c_BxC, -jnp.inf, logits_BxC).max(1)
 
 
 def _random(text: jax.Array, tokens_L: jax.Array) -> jax.Array:
@@ -168,7 +180,7 @@ def explain_all(params, cfg, data, ids, bags, sources, methods) -> list[dict]:
                         jnp.asarray(_padded([bags[i] for i in idx], rows, m)),
                         jnp.asarray(_padded([sources[i] for i in idx], rows, m, fill=-1)),
                     )
-                c_B, p_B, scores, drops = jax.device_get(
+                c_B, p_B, scores, drops, margins = jax.device_get(
                     _explain(
                         params,
                         jnp.asarray(tokens),
@@ -188,6 +200,7 @@ def explain_all(params, cfg, data, ids, bags, sources, methods) -> list[dict]:
                         "num_tokens": int(cand.sum()),
                         "scores": {m: scores[m][row][cand] for m in methods},
                         "drops": {m: np.stack([d[row] for d in drops[m]]) for m in methods},
+                        "margins": None if margins is None else [float(h[row]) for h in margins],
                     }
                 bar.update(len(idx))
     return out
@@ -216,6 +229,7 @@ def summarise(per_text: list[dict], methods: tuple[str, ...], labels: np.ndarray
         "mean_probability": float(np.mean([t["probability"] for t in texts])),
         "median_tokens": float(np.median([t["num_tokens"] for t in texts])),
         "bootstrap": {"resamples": RESAMPLES, "level": 0.95, "seed": SEED},
+        "logit_halves": _halves(texts),
         "methods": {},
     }
     aopc = {}
@@ -243,6 +257,21 @@ def summarise(per_text: list[dict], methods: tuple[str, ...], labels: np.ndarray
         if b in methods and a != b
     }
     return result
+
+
+def _halves(texts: list[dict]) -> dict | None:
+    """With a bag: for the encoder half and the bag half of the logits, the share of texts whose
+    prediction it gives alone and its median margin for the predicted class."""
+    if texts[0]["margins"] is None:
+        return None
+    m_Nx2 = np.array([t["margins"] for t in texts])
+    return {
+        half: {
+            "agrees": float((m_Nx2[:, i] > 0).mean()),
+            "median_margin": float(np.median(m_Nx2[:, i])),
+        }
+        for i, half in enumerate(("encoder", "bag"))
+    }
 
 
 def _interval(v_N: np.ndarray, resample_RxN: np.ndarray) -> dict:
@@ -397,6 +426,14 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
     print(table(result, name))
     for pair, d in result["aopc_comprehensiveness_differences"].items():
         print(f"AOPC comprehensiveness, {pair}: {_ci(d)}")
+    halves = result["logit_halves"]
+    if halves:
+        e, b = halves["encoder"], halves["bag"]
+        print(
+            f"the encoder half of the logits alone gives the prediction for {e['agrees']:.1%} of "
+            f"the texts (median margin {e['median_margin']:.3f}), the bag alone for "
+            f"{b['agrees']:.1%} ({b['median_margin']:.3f}); attention can explain only the first"
+        )
     print(f"written: {os.path.join(fv.workdir, FILE)}, {os.path.join(fv.workdir, PLOT)}")
 
 

@@ -60,7 +60,7 @@ def test_the_command_writes_its_files_and_only_them(measured):
         assert json.load(f) == json.loads(json.dumps(result))
     assert result["num_texts"] == LIMIT and result["percents"] == [1, 2, 5, 10, 20]
     assert sorted(result["methods"]) == sorted(faithfulness.METHODS)
-    assert result["unavailable"] == {}
+    assert result["unavailable"] == {} and result["logit_halves"] is None  # no bag
 
 
 def test_leave_one_out_is_the_best_single_token_erasure(measured):
@@ -119,6 +119,10 @@ def test_a_model_without_attention_gets_the_other_methods(bagged, capsys):
     assert set(result["unavailable"]) == {"attention", "rollout"}
     assert "| attention | the model has no attention layer (num_layers=0) |" in proc.stdout
     assert "leave-one-out" in proc.stdout and "written:" in proc.stdout
+    # Two classes: the halves' margins add up to the model's, so in every text one agrees.
+    halves = result["logit_halves"]
+    assert halves["encoder"]["agrees"] + halves["bag"]["agrees"] >= 1
+    assert "the bag alone for" in proc.stdout
 
 
 def test_the_bag_loses_exactly_the_erased_tokens(bagged):

@@ -380,3 +380,33 @@ def test_chunked_models_get_the_matrix_form_weights():
     tokens = jnp.array([[3, 4, 5, 6]], jnp.int32)
     want = importance.attention(params, tokens, dataclasses.replace(cfg, implementation="matrix"))
     np.testing.assert_allclose(importance.attention(params, tokens, cfg), want, atol=1e-6)
+
+
+def test_logit_halves_are_the_encoder_and_the_bag():
+    params = _random_params(RICH)
+    tokens, bag = _rich_batch()
+    encoder, added = importance.logit_halves(params, tokens, RICH, bag)
+    logits, _ = classifier.apply(params, tokens, RICH, bag_tokens_BxM=bag.tokens_BxM)
+    np.testing.assert_allclose(encoder + added, logits, atol=1e-5)
+    read = bag.tokens_BxM
+    want = bag_lib.logits(params["bag"], classifier.bag_ids(read, RICH), read != PAD)
+    np.testing.assert_allclose(added, want, atol=1e-5)
+    with pytest.raises(ValueError, match="no bag"):
+        importance.logit_halves(params, tokens, dataclasses.replace(RICH, bag_buckets=0))
+
+
+def test_scaling_a_tokens_input_moves_only_its_own_position_in_one_layer():
+    # The one layer is pre-LayerNorm: the other positions read token j through LayerNorm(x_j),
+    # which is blind to the scale of x_j. Gradient × input (the derivative of scaling x_j) so sees
+    # only position j's own stream, never what attention carries from j to the other tokens.
+    cfg = ModelConfig(vocab_size=12, d_model=8, num_heads=2, num_layers=1, ngram_buckets=64)
+    params = _random_params(cfg)
+    tokens = jnp.array([[3, 4, 5, 6, 7]], jnp.int32)
+    x = classifier.embed(params, tokens, cfg)
+    h, _ = classifier.encode(params, tokens, cfg)
+    scaled, _ = classifier.encode(
+        params, tokens, cfg, embed_delta_BxLxD=jnp.zeros_like(x).at[0, 2].set(0.5 * x[0, 2])
+    )
+    others = np.array([0, 1, 3, 4])
+    np.testing.assert_allclose(scaled[0, others], h[0, others], atol=1e-5)
+    assert not np.allclose(scaled[0, 2], h[0, 2], atol=1e-2)
