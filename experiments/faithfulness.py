@@ -2,16 +2,16 @@
 
   python -m experiments.faithfulness --workdir=runs/default [--split=test] [--limit=N]
 
-Every text of the split (the first N with --limit) is explained five ways (`attn.importance`):
-attention (what `visualize` shades and `predict` lists), attention rollout, gradient × input,
-leave-one-out and random, the control. For each ranking: comprehensiveness, the drop of the
-predicted class's probability when its top k% of the text's tokens are erased (PAD, so the
-n-grams and the bag lose them too), and sufficiency, the drop when only they are kept (DeYoung
-et al. 2020), at k = 1, 2, 5, 10, 20% (at least one token); AOPC, their mean over k; and the
-Spearman and Kendall correlation of its token scores with leave-one-out's in each text. Each is
-a mean over texts with a 95% bootstrap interval (1,000 resamples of the texts), and AOPC
-differences between methods are bootstrapped in pairs. For a model with a bag of n-grams, also
-how often each half of its logits (encoder, bag) alone gives the prediction.
+Every text of the split (N drawn at random with --limit) is explained five ways
+(`attn.importance`): attention (what `visualize` shades and `predict` lists), attention rollout,
+gradient × input, leave-one-out and random, the control. For each ranking: comprehensiveness,
+the drop of the predicted class's probability when its top k% of the text's tokens are erased
+(PAD, so the n-grams and the bag lose them too), and sufficiency, the drop when only they are
+kept (DeYoung et al. 2020), at k = 1, 2, 5, 10, 20% (at least one token); AOPC, their mean over
+k; and the Spearman and Kendall correlation of its token scores with leave-one-out's in each
+text. Each is a mean over texts with a 95% bootstrap interval (1,000 resamples of the texts),
+and AOPC differences between methods are bootstrapped in pairs. For a model with a bag of
+n-grams, also how often each half of its logits (encoder, bag) alone gives the prediction.
 
 Writes DIR/faithfulness.json and DIR/faithfulness.png (probability drop against k, one line per
 method) and prints the table as markdown rows: the faithfulness table of benchmarks/REPORT.md.
@@ -61,6 +61,14 @@ def available(cfg) -> dict[str, str]:
     return missing
 
 
+def sample(n: int, limit: int | None) -> np.ndarray:
+    """Indices of the texts to explain, in split order: all, or `limit` of them drawn at random
+    (the same ones every run). Not the first ones: a split may be ordered by label."""
+    if limit is None or limit >= n:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(SEED).choice(n, limit, replace=False))
+
+
 def faithfulness(workdir: str, split: str = "test", limit: int | None = None) -> dict:
     """Runs the erasure tests on `split` of the workdir's best checkpoint; writes DIR/FILE and
     DIR/PLOT; returns what FILE holds."""
@@ -77,14 +85,15 @@ def faithfulness(workdir: str, split: str = "test", limit: int | None = None) ->
             f"{list(trained.label_names)}"
         )
     s = encoded.splits[split]
-    n = len(s.ids) if limit is None else min(limit, len(s.ids))
-    ids = s.ids[:n]
-    bags = None if s.bag_ids is None else s.bag_ids[:n]
-    sources = None if bags is None else [explain.bag_source(trained, t) for t in s.texts[:n]]
+    chosen = sample(len(s.ids), limit)
+    ids = [s.ids[i] for i in chosen]
+    bags = None if s.bag_ids is None else [s.bag_ids[i] for i in chosen]
+    texts = [s.texts[i] for i in chosen]
+    sources = None if bags is None else [explain.bag_source(trained, t) for t in texts]
     missing = available(cfg)
     methods = tuple(m for m in METHODS if m not in missing)
     per_text = explain_all(trained.params, cfg, data, ids, bags, sources, methods)
-    result = summarise(per_text, methods, labels=np.asarray(s.labels[:n]))
+    result = summarise(per_text, methods, labels=np.asarray(s.labels)[chosen])
     result.update(
         workdir=workdir,
         split=split,
@@ -410,7 +419,8 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_integer(
         "limit",
         None,
-        "Only the split's first N texts (leave-one-out is slow on long texts).",
+        "Only N texts of the split, drawn at random (the same every run): leave-one-out is "
+        "slow on long texts.",
         flag_values=fv,
     )
 

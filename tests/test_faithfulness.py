@@ -165,6 +165,15 @@ def test_bag_source_lines_up_with_both_cuts(text, cls):
     assert explain.bag_source(_fake_trained(12, 4, 0, cls), text) is None
 
 
+def test_a_limit_is_a_fixed_random_sample():
+    chosen = faithfulness.sample(1000, 50)
+    assert len(set(chosen)) == 50 and (np.diff(chosen) > 0).all()
+    assert chosen.max() > 500  # not the first 50: a split may be ordered by label
+    assert (faithfulness.sample(1000, 50) == chosen).all()
+    assert (faithfulness.sample(30, 50) == np.arange(30)).all()
+    assert (faithfulness.sample(30, None) == np.arange(30)).all()
+
+
 def test_correlations_match_scipy():
     rng = np.random.default_rng(0)
     for n in (2, 3, 7, 40):
