@@ -15,6 +15,8 @@ from experiments.data import encoding
 from experiments.data.tokenizers import CLS, PAD
 
 REMOVED = 3  # how many top tokens the erasure test removes
+# Leave-one-out erasures per forward pass: a 512-token text's [H, L, L] weights stay at 256 MiB.
+CHUNK = 64
 HEADER = (
     "\ttop tokens by leave-one-out (probability drop)"
     f"\tprobability without the {REMOVED} most-attended tokens"
@@ -42,7 +44,8 @@ def _scores(params, tokens_1xL, bag, *, cfg: classifier.ModelConfig):
     attention = (
         importance.attention(params, tokens_1xL, cfg) if importance.has_attention(cfg) else None
     )
-    return c_1, p_1, attention, importance.leave_one_out(params, tokens_1xL, cfg, bag)
+    loo = importance.leave_one_out(params, tokens_1xL, cfg, bag, chunk=CHUNK)
+    return c_1, p_1, attention, loo
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
