@@ -156,10 +156,13 @@ def _rich_batch() -> tuple[jax.Array, importance.Bag]:
     return jnp.asarray(tokens), importance.Bag(jnp.asarray(bag_tokens, jnp.int32), source)
 
 
+_apply = jax.jit(classifier.apply, static_argnames="cfg")  # compiled once per shape: fast loops
+
+
 def _one(params, tokens_L, bag_M, cfg) -> np.ndarray:
     """The model's probabilities of one text, straight from classifier.apply."""
-    logits, _ = classifier.apply(
-        params, jnp.asarray(tokens_L)[None], cfg, bag_tokens_BxM=jnp.asarray(bag_M)[None]
+    logits, _ = _apply(
+        params, jnp.asarray(tokens_L)[None], cfg=cfg, bag_tokens_BxM=jnp.asarray(bag_M)[None]
     )
     return np.asarray(jax.nn.softmax(logits)[0])
 
@@ -323,8 +326,8 @@ def test_gradient_times_input_is_the_derivative_of_scaling_a_token():
 
     def log_p(b: int, pos: int, eps: float) -> float:  # token pos of text b scaled by 1 + eps
         delta = jnp.zeros_like(x).at[b, pos].set(eps * x[b, pos])
-        logits, _ = classifier.apply(
-            params, tokens, cfg, embed_delta_BxLxD=delta, bag_tokens_BxM=bag.tokens_BxM
+        logits, _ = _apply(
+            params, tokens, cfg=cfg, embed_delta_BxLxD=delta, bag_tokens_BxM=bag.tokens_BxM
         )
         return float(jax.nn.log_softmax(logits)[b, c_B[b]])
 
@@ -340,8 +343,8 @@ def test_scores_do_not_change_with_padding(method):
     params = _random_params(cfg)
     text = jnp.array([[2, 3, 4, 5, 6]], jnp.int32)
     padded = jnp.pad(text, ((0, 0), (0, 3)))
-    short = METHODS[method](params, text, cfg)
-    long = METHODS[method](params, padded, cfg)
+    fn = jax.jit(METHODS[method], static_argnames="cfg")
+    short, long = fn(params, text, cfg=cfg), fn(params, padded, cfg=cfg)
     np.testing.assert_allclose(long[:, :5], short, atol=1e-5)
     assert (long[:, 5:] == 0).all()
 
