@@ -11,7 +11,7 @@ class; 0 on padding):
   `gradient`       gradient × input: the predicted class's log-probability's gradient with respect
                    to each token's input embedding, dotted with that embedding (signed).
   `leave_one_out`  the exact drop of the predicted class's probability when that one token is
-                   erased, every erasure of a text in one batch.
+                   erased, the erasures batched `chunk` positions at a time.
   `random`         uniform noise: the control every other method must beat.
 
 Erasing (`erase`) turns tokens into PAD, so the classifier masks them as keys and pools without
@@ -23,7 +23,8 @@ bag reads a longer cut of the text (`Bag`), the same tokens are erased from what
 Faithfulness (DeYoung et al. 2020, ERASER), `erasure_drops`: comprehensiveness is the drop of the
 predicted class's probability when a method's top k% of tokens are erased, sufficiency the drop
 when only they are kept; higher comprehensiveness and lower sufficiency mean the ranking found
-what the prediction rests on.
+what the prediction rests on. `logit_halves` splits a model's logits into the encoder's and the
+bag's: attention and gradient × input can only explain the first.
 
 Every function here is pure and jit-able, with `cfg` static; attention weights are computed with
 the matrix form whatever cfg.implementation says (the same function of the same parameters).

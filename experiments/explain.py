@@ -11,7 +11,7 @@ import numpy as np
 
 from attn import classifier, importance
 from experiments import workdirs
-from experiments.data import encoding
+from experiments.data import batching, encoding
 from experiments.data.tokenizers import CLS, PAD
 
 REMOVED = 3  # how many top tokens the erasure test removes
@@ -64,14 +64,17 @@ def explain(trained: workdirs.Trained, text: str, top: int = 5) -> dict:
     number of tokens erased (REMOVED, or all of a shorter text's); "probability": the predicted
     class's; "without_attended" (None without attention) and "without_leave_one_out": the
     probability with that many top tokens erased}."""
+    data = trained.config.data
     ids_L = workdirs.encode(trained, text)
     bag_M = workdirs.encode_bag(trained, text)
     tokens = trained.tokenizer.tokens(ids_L.tolist())
-    tokens_1xL = jnp.asarray(ids_L[None], jnp.int32)
+    # Padded to the batches' lengths, which changes no score: one compile per bucket, not per text.
+    tokens_1xL = _padded(ids_L, batching.bucket_sizes(data.buckets, data.max_len), PAD)
     bag = None
     if bag_M is not None:
+        sizes = batching.bag_sizes(data.buckets, data.max_len, data.bag_len)
         source_M = bag_source(trained, text)
-        bag = importance.Bag(jnp.asarray(bag_M[None], jnp.int32), jnp.asarray(source_M[None]))
+        bag = importance.Bag(_padded(bag_M, sizes, PAD), _padded(source_M, sizes, -1))
     c_1, p_1, attention, loo = _scores(trained.params, tokens_1xL, bag, cfg=trained.cfg)
     candidates_1xL = (tokens_1xL != PAD) & (tokens_1xL != CLS)
     removed = min(REMOVED, int(candidates_1xL.sum()))
@@ -102,6 +105,14 @@ def explain(trained: workdirs.Trained, text: str, top: int = 5) -> dict:
         "without_attended": probs.get("attention"),
         "without_leave_one_out": probs["leave_one_out"],
     }
+
+
+def _padded(x_N: np.ndarray, sizes: tuple[int, ...], fill: int) -> jax.Array:
+    """int32 [1, S]: x_N and `fill` after it, S the first of `sizes` that holds it."""
+    size = next((s for s in sizes if s >= len(x_N)), len(x_N))
+    out = np.full((1, size), fill, np.int32)
+    out[0, : len(x_N)] = x_N
+    return jnp.asarray(out)
 
 
 def columns(p: dict) -> str:
