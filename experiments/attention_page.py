@@ -1,6 +1,7 @@
 """The HTML page of `visualize`: every text with each token shaded by, and labelled with, the
-attention it receives, a legend, and the step-by-step values of one head for the first text, in
-tables with the numbers in the cells."""
+attention it receives, its top tokens by attention and by leave-one-out side by side with the
+erasure test of the attention, a legend, and the step-by-step values of one head for the first
+text, in tables with the numbers in the cells."""
 
 import html
 
@@ -24,6 +25,8 @@ tr.query td{border-top:2px solid #000;border-bottom:2px solid #000}
 td.masked{background:#9e9e9e;color:#fff}
 td.ignored{background-image:repeating-linear-gradient(45deg,#0000 0 4px,#9e9e9e99 4px 6px)}
 .shape{font-size:0.8em;color:#555}
+table.side{font-size:0.9em;font-family:sans-serif;margin:0.3em 0}
+table.side td{text-align:left}
 """
 
 
@@ -122,9 +125,35 @@ def _steps(h: step_plots.Head, *, heading: str, score: str, query: int, x_title:
     )
 
 
+def _side_by_side(e: dict) -> str:
+    """The top tokens by attention and by leave-one-out, and what erasing the top ones does."""
+    by_attention = e["attention"] or []
+    lines = ["<tr><th>rank</th><th>attention (weight)</th><th>leave-one-out (drop)</th></tr>"]
+    for rank in range(max(len(by_attention), len(e["leave_one_out"]))):
+        cells = [
+            f"{html.escape(ranked[rank][0])} ({ranked[rank][1]:{fmt}})"
+            if rank < len(ranked)
+            else ""
+            for ranked, fmt in ((by_attention, ".3f"), (e["leave_one_out"], "+.3f"))
+        ]
+        lines.append(f"<tr><th>{rank + 1}</th><td>{cells[0]}</td><td>{cells[1]}</td></tr>")
+    k = e["removed"]
+    attended = (
+        "the model has no attention"
+        if e["without_attended"] is None
+        else f"{e['without_attended']:.3f}"
+    )
+    return (
+        f"<table class='side'>{''.join(lines)}</table>"
+        f"<p>Probability of the predicted class: {e['probability']:.3f}; with the {k} "
+        f"most-attended tokens erased: <b>{attended}</b>; with the {k} top leave-one-out tokens "
+        f"erased: <b>{e['without_leave_one_out']:.3f}</b>.</p>"
+    )
+
+
 def write(
     path: str,
-    rows: list[tuple[str, list[str], np.ndarray]],
+    rows: list[tuple[str, list[str], np.ndarray, dict]],
     *,
     shade_meaning: str,
     steps: step_plots.Head,
@@ -133,23 +162,29 @@ def write(
     query: int,
     x_title: str,
 ) -> str:
-    """rows are (caption, tokens, received_L) per text; `steps` is the first text's head."""
+    """rows are (caption, tokens, received_L, `explain.explain`'s dict) per text; `steps` is the
+    first text's head."""
     parts = [
         "<!doctype html><meta charset='utf-8'><title>attention</title>",
         f"<style>{_STYLE}</style>",
         "<div class='legend'><b>Legend.</b> Each token is shaded by "
         f"{html.escape(shade_meaning)}; the number above it is that value. "
         "<span class='bar' style='background:linear-gradient(to right,rgba(255,80,0,0),"
-        "rgba(255,80,0,1))'></span> 0 to the largest value in the text.</div>",
+        "rgba(255,80,0,1))'></span> 0 to the largest value in the text. Under each text, its "
+        "top tokens by attention and by leave-one-out (how much the predicted class's "
+        "probability drops when that token alone is erased: turned into padding, its n-grams "
+        "gone), and the probability once the top ones of each are erased. Attention is an "
+        "explanation only as far as erasing what it points at changes the prediction; "
+        "<code>python -m experiments.faithfulness</code> measures that over a whole split.</div>",
     ]
-    for caption, tokens, w_L in rows:
+    for caption, tokens, w_L, explained in rows:
         scale = float(w_L.max()) or 1.0
         spans = "".join(
             f"<ruby style='background:rgba(255,80,0,{w / scale:.3f})'>{html.escape(t)}"
             f"<rt>{w:.3f}</rt></ruby>"
             for t, w in zip(tokens, w_L, strict=True)
         )
-        parts.append(f"<h3>{html.escape(caption)}</h3><p>{spans}</p>")
+        parts.append(f"<h3>{html.escape(caption)}</h3><p>{spans}</p>{_side_by_side(explained)}")
     parts.append(_steps(steps, heading=steps_heading, score=score, query=query, x_title=x_title))
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(parts))

@@ -17,6 +17,10 @@ checkpoint answers, and adds a line `note: text N: ...` for an answer that reads
 seems: a text cut to the model's length (`read the first N and last K of M tokens`) or one
 whose tokens are mostly outside the vocabulary (`mostly unknown: ...`); with --json the same
 words are the object's `note`.
+
+--explain adds three columns (`explain` in JSON): the top tokens by leave-one-out, each with the
+drop of the probability when it alone is erased, and the probability once the 3 most-attended
+tokens, then the 3 top leave-one-out tokens, are erased: a check of the attention column.
 """
 
 import json
@@ -25,7 +29,7 @@ import sys
 import numpy as np
 from absl import flags
 
-from experiments import cli, forward, workdirs
+from experiments import cli, explain, forward, workdirs
 from experiments.cli import UserError
 
 HEADER = "label\tprobability\tmost-attended tokens (attention received)"
@@ -79,6 +83,13 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("workdir", None, "A workdir written by experiments.train.", flag_values=fv)
     flags.DEFINE_integer("top", 5, "How many most-attended tokens to show.", flag_values=fv)
     flags.DEFINE_boolean(
+        "explain",
+        False,
+        "Also the top tokens by leave-one-out and the probability once the 3 most-attended (and "
+        "the 3 top leave-one-out) tokens are erased: whether attention found what counts.",
+        flag_values=fv,
+    )
+    flags.DEFINE_boolean(
         "json",
         False,
         'Print one JSON object per text (failures as {"error": ...}) instead of text.',
@@ -95,18 +106,21 @@ def main(fv: flags.FlagValues, argv: list[str]) -> int:
     trained = workdirs.load(fv.workdir)
     print(f"answering from {trained.source}", file=sys.stderr)
     if not fv.json:
-        print(HEADER)
+        print(HEADER + (explain.HEADER if fv.explain else ""))
     failed = 0
     for n, text in enumerate(texts, 1):
         try:
             p = predict_one(trained, text, fv.top)
+            if fv.explain and p["label"] is not None:
+                p["explain"] = explain.explain(trained, text, fv.top)
         except UserError as e:
             failed += 1
             print(f"error: text {n}: {e}", file=sys.stderr)
             p = {"error": str(e)}
         if p.get("label") and "note" in p:  # an unknown's note is its line on stdout
             print(f"note: text {n}: {p['note']}", file=sys.stderr)
-        print(json.dumps(p, ensure_ascii=False) if fv.json else format_line(p), flush=True)
+        line = format_line(p) + (explain.columns(p) if fv.explain else "")
+        print(json.dumps(p, ensure_ascii=False) if fv.json else line, flush=True)
     return 2 if failed else 0
 
 

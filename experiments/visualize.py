@@ -9,7 +9,9 @@ Writes into OUT (--out, default DIR/visualize), replacing what an earlier call l
                                       (X, Q, K, V, scores, scaled scores, softmax weights, outputs,
                                       and query --query's scores before and after the softmax)
   attention.html                      every text's tokens shaded by the attention they receive,
-                                      and the steps of the first text as tables of numbers
+                                      its top tokens by attention and by leave-one-out side by
+                                      side with the probability once the 3 most-attended are
+                                      erased, and the steps of the first text as tables of numbers
 and DIR/curves.png from DIR/metrics.jsonl. A call that fails changes none of them. A prediction
 that reads less than it seems (a text cut to the model's length, or mostly outside its
 vocabulary) gets a line `note: text N: ...` on stderr and the same words on the page, as in
@@ -26,7 +28,7 @@ import numpy as np
 from absl import flags
 
 from attn import classifier
-from experiments import attention_page, cli, forward, plots, step_plots, workdirs
+from experiments import attention_page, cli, explain, forward, plots, step_plots, workdirs
 from experiments.cli import UserError
 
 # Everything visualize writes into OUT: an existing OUT holding anything else is not replaced.
@@ -85,6 +87,7 @@ def visualize(
     try:
         names = _draw(
             trained,
+            texts,
             encoded,
             bags,
             drawn,
@@ -152,6 +155,7 @@ def _x_title(cfg: classifier.ModelConfig, layer: int) -> str:
 
 def _draw(
     trained: workdirs.Trained,
+    texts: list[str],
     encoded: list[np.ndarray],
     bags: list[np.ndarray | None],
     drawn: list[np.ndarray],
@@ -176,7 +180,10 @@ def _draw(
         tokens = trained.tokenizer.tokens(ids_L.tolist())
         label = trained.label_names[int(result["probs"].argmax())]
         caption = f"text {n}: {label} ({result['probs'].max():.2f})"
-        rows.append((f"{caption} ({note})" if note else caption, tokens, result["received"]))
+        checked = explain.explain(trained, texts[n - 1])
+        rows.append(
+            (f"{caption} ({note})" if note else caption, tokens, result["received"], checked)
+        )
         for lay, w_HxLxL in enumerate(result["attention"]):
             for h, w_LxL in enumerate(w_HxLxL):
                 names.append(f"text{n}_layer{lay}_head{h}.png")

@@ -1,0 +1,125 @@
+"""One text's attention checked by erasure, for `visualize` and `predict --explain`: its top tokens
+by attention and by leave-one-out side by side, and the predicted class's probability once the
+top tokens of each are erased (`attn.importance`; `experiments.faithfulness` does it for a split).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attn import classifier, importance
+from experiments import workdirs
+from experiments.data import batching, encoding
+from experiments.data.tokenizers import CLS, PAD
+
+REMOVED = 3  # how many top tokens the erasure test removes
+# Leave-one-out erasures per forward pass: a 512-token text's [H, L, L] weights stay at 256 MiB.
+CHUNK = 64
+HEADER = (
+    "\ttop tokens by leave-one-out (probability drop)"
+    f"\tprobability without the {REMOVED} most-attended tokens"
+    f"\tprobability without the {REMOVED} top leave-one-out tokens"
+)
+
+
+def bag_source(trained: workdirs.Trained, text: str) -> np.ndarray | None:
+    """int32 [m]: the attention position of each token the bag reads of `text`, -1 for those only
+    the bag reads; None when the bag reads what attention reads. Both cuts are made of the token
+    indices themselves, so they line up exactly."""
+    data, add_cls = trained.config.data, trained.cfg.pooling == "cls"
+    if not data.bag_len:
+        return None
+    marks = np.arange(len(trained.tokenizer.encode(text)), dtype=np.int32) + CLS + 1
+    seen = encoding.cut([marks], max_len=data.max_len, add_cls=add_cls, tail_len=data.tail_len)
+    read = encoding.cut([marks], **encoding.bag_window(data, add_cls))[0]
+    where = {int(m): i for i, m in enumerate(seen[0])}  # CLS, if any, is mark CLS at 0 in both
+    return np.array([where.get(int(m), -1) for m in read], np.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _scores(params, tokens_1xL, bag, *, cfg: classifier.ModelConfig):
+    c_1, p_1 = importance.predicted(params, tokens_1xL, cfg, bag)
+    attention = (
+        importance.attention(params, tokens_1xL, cfg) if importance.has_attention(cfg) else None
+    )
+    loo = importance.leave_one_out(params, tokens_1xL, cfg, bag, chunk=CHUNK)
+    return c_1, p_1, attention, loo
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _probability_without(params, tokens_1xL, top_NxL, bag, c_1, *, cfg: classifier.ModelConfig):
+    """[N]: the probability of class c_1 with each row's top tokens erased."""
+    n = top_NxL.shape[0]
+    tokens_NxL = jnp.repeat(tokens_1xL, n, axis=0)
+    bag_n = None if bag is None else importance.Bag(*(jnp.repeat(a, n, axis=0) for a in bag))
+    erased, erased_bag = importance.erase(tokens_NxL, ~top_NxL, bag_n, keep_outside=True)
+    return importance.probabilities(params, erased, cfg, erased_bag)[:, c_1[0]]
+
+
+def explain(trained: workdirs.Trained, text: str, top: int = 5) -> dict:
+    """{"attention": [[token, weight], ...] (None for a model without attention),
+    "leave_one_out": [[token, probability drop], ...], each its `top` tokens; "removed": the
+    number of tokens erased (REMOVED, or all of a shorter text's); "probability": the predicted
+    class's; "without_attended" (None without attention) and "without_leave_one_out": the
+    probability with that many top tokens erased}."""
+    data = trained.config.data
+    ids_L = workdirs.encode(trained, text)
+    bag_M = workdirs.encode_bag(trained, text)
+    tokens = trained.tokenizer.tokens(ids_L.tolist())
+    # Padded to the batches' lengths, which changes no score: one compile per bucket, not per text.
+    tokens_1xL = _padded(ids_L, batching.bucket_sizes(data.buckets, data.max_len), PAD)
+    bag = None
+    if bag_M is not None:
+        sizes = batching.bag_sizes(data.buckets, data.max_len, data.bag_len)
+        source_M = bag_source(trained, text)
+        bag = importance.Bag(_padded(bag_M, sizes, PAD), _padded(source_M, sizes, -1))
+    c_1, p_1, attention, loo = _scores(trained.params, tokens_1xL, bag, cfg=trained.cfg)
+    candidates_1xL = (tokens_1xL != PAD) & (tokens_1xL != CLS)
+    removed = min(REMOVED, int(candidates_1xL.sum()))
+    rankings = (
+        {"leave_one_out": loo}
+        if attention is None
+        else {"attention": attention, "leave_one_out": loo}
+    )
+    tops = {
+        m: importance.top_k(s, candidates_1xL, jnp.array([removed]))[0] for m, s in rankings.items()
+    }
+    without = _probability_without(
+        trained.params, tokens_1xL, jnp.stack(list(tops.values())), bag, c_1, cfg=trained.cfg
+    )
+    cand = np.flatnonzero(np.asarray(candidates_1xL[0]))
+
+    def listed(s_1xL) -> list:
+        s = np.asarray(s_1xL[0])
+        order = cand[np.argsort(-s[cand], kind="stable")][:top]
+        return [[tokens[i], float(s[i])] for i in order]
+
+    probs = dict(zip(tops, np.asarray(without).tolist(), strict=True))
+    return {
+        "attention": None if attention is None else listed(attention),
+        "leave_one_out": listed(loo),
+        "removed": removed,
+        "probability": float(p_1[0]),
+        "without_attended": probs.get("attention"),
+        "without_leave_one_out": probs["leave_one_out"],
+    }
+
+
+def _padded(x_N: np.ndarray, sizes: tuple[int, ...], fill: int) -> jax.Array:
+    """int32 [1, S]: x_N and `fill` after it, S the first of `sizes` that holds it."""
+    size = next((s for s in sizes if s >= len(x_N)), len(x_N))
+    out = np.full((1, size), fill, np.int32)
+    out[0, : len(x_N)] = x_N
+    return jnp.asarray(out)
+
+
+def columns(p: dict) -> str:
+    """predict's extra tab-separated columns under HEADER; dashes for a text not classified."""
+    e = p.get("explain")
+    if e is None:
+        return "\t-\t-\t-"
+    loo = " ".join(f"{t}({d:+.2g})" for t, d in e["leave_one_out"])
+    attended = "-" if e["without_attended"] is None else f"{e['without_attended']:.3f}"
+    return f"\t{loo}\t{attended}\t{e['without_leave_one_out']:.3f}"
