@@ -5,8 +5,9 @@ come from vmap. `attn.dot_product_attention` is that vmap done for you, a drop-i
 `jax.nn.dot_product_attention` ([B, T, N, H], its arguments and broadcasting) with attn's scores,
 masks and implementations. `attn.Attention(score=..., implementation=...)` binds the static
 arguments in a form `jax.jit` and Flax can hold. Submodules: scores, masks, chunked, batched,
-reference, bag, multihead, encoder, positions, pooling, layers, classifier, and flax_interop (import
-it explicitly; it pulls in Flax).
+reference, bag, multihead, encoder, positions, pooling, layers, classifier, masked_lm (masked-token
+pretraining), importance (token importance and erasure), and flax_interop (import it explicitly;
+it pulls in Flax).
 """
 
 from attn import (
@@ -15,7 +16,9 @@ from attn import (
     chunked,
     classifier,
     encoder,
+    importance,
     layers,
+    masked_lm,
     masks,
     multihead,
     pooling,
@@ -37,7 +40,9 @@ __all__ = [
     "classifier",
     "dot_product_attention",
     "encoder",
+    "importance",
     "layers",
+    "masked_lm",
     "masks",
     "multihead",
     "pooling",

@@ -39,6 +39,23 @@ import jax.numpy as jnp
 from attn import classifier
 from attn.classifier import PAD, ModelConfig
 
+__all__ = [
+    "Bag",
+    "attention",
+    "erase",
+    "erasure_drops",
+    "gradient",
+    "has_attention",
+    "leave_one_out",
+    "logit_halves",
+    "predicted",
+    "probabilities",
+    "random",
+    "rollout",
+    "top_counts",
+    "top_k",
+]
+
 
 class Bag(NamedTuple):
     """What the bag reads when it reads more of each text than attention does.
