@@ -103,6 +103,40 @@ def _close(a, b, dtype):
         np.testing.assert_allclose(a, b, atol=4e-2 * max(1.0, np.abs(b).max()), rtol=0)
 
 
+def _window_mask(t, s, window):
+    left, right = (window, window) if isinstance(window, int) else window
+    i, j = np.arange(t)[:, None], np.arange(s)[None, :]
+    return jnp.asarray((j >= i - left) & (j <= i + right))
+
+
+def _jax_nn_ignores_a_lone_window() -> bool:
+    """jax.nn before jax 0.8 (Colab's 0.7.2) skips every mask when no mask, causal flag or length
+    is given, the window included; attn applies the window whatever else is given."""
+    q = jnp.asarray(np.random.default_rng(0).normal(size=(1, 3, 1, 4)), jnp.float32)
+    lone = jax.nn.dot_product_attention(q, q, q, local_window_size=0)
+    return not np.allclose(lone, q, atol=1e-6)  # window 0: each query sees only itself
+
+
+def _jax_nn_reference(kw):
+    """jax.nn with kw but bias, its window given as the equivalent mask where jax.nn would ignore
+    it."""
+    kw = {a: x for a, x in kw.items() if a != "bias"}
+    window = kw.get("local_window_size")
+    lone = window is not None and not any(
+        kw.get(a) is not None and kw.get(a) is not False
+        for a in ("mask", "is_causal", "query_seq_lengths", "key_value_seq_lengths")
+    )
+    if lone and _jax_nn_ignores_a_lone_window():
+        kw = {**kw, "local_window_size": None, "mask": _window_mask(T, S, window)}
+    return functools.partial(jax.nn.dot_product_attention, **kw)
+
+
+def test_the_reference_sees_a_lone_window():
+    q, k, v, kw = _case("window_int", jnp.float32)
+    full = jax.nn.dot_product_attention(q, k, v)
+    assert not np.allclose(_jax_nn_reference(kw)(q, k, v), full, atol=1e-3)
+
+
 @pytest.mark.parametrize(
     "name, dtype",
     [(n, jnp.float32) for n in CASES] + [(n, jnp.bfloat16) for n in BF16],
@@ -111,7 +145,7 @@ def test_equals_jax_nn_in_values_and_gradients(name, dtype):
     q, k, v, kw = _case(name, dtype)
     ours = functools.partial(attn.dot_product_attention, fully_masked="mean")
     out, grads = _value_and_grads(ours, q, k, v, dict(kw))
-    out_ref, grads_ref = _value_and_grads(jax.nn.dot_product_attention, q, k, v, dict(kw))
+    out_ref, grads_ref = _value_and_grads(_jax_nn_reference(kw), q, k, v, {"bias": kw.get("bias")})
     assert out.shape == out_ref.shape == q.shape and out.dtype == out_ref.dtype
     _close(out, out_ref, dtype)
     for g, g_ref in zip(grads, grads_ref, strict=True):
