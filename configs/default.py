@@ -96,6 +96,8 @@ MEANINGS = {
     "pretrain.max_steps": "pretraining steps; 0 = pretrain.num_epochs in full",
     "pretrain.mask_rate": "share of each text's tokens hidden and predicted (80% shown as UNK, "
     "10% as a random token, 10% as they are)",
+    "pretrain.head_vocab": "the head predicts only the N most frequent tokens, rarer ones are "
+    "never targets (the vocabulary softmax is most of a step); 0 = all",
     "pretrain.learning_rate": "AdamW peak learning rate of pretraining",
     "pretrain.warmup_steps": "linear warmup steps of pretraining",
     "pretrain.eval_every_steps": "pretraining's validation interval (masked-token accuracy)",
@@ -184,6 +186,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.pretrain.num_epochs = 0
     config.pretrain.max_steps = 0
     config.pretrain.mask_rate = 0.15
+    config.pretrain.head_vocab = 0
     config.pretrain.learning_rate = 1e-3
     config.pretrain.warmup_steps = 200
     config.pretrain.eval_every_steps = 500

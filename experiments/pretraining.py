@@ -45,6 +45,7 @@ def view(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         ("num_epochs", p.num_epochs >= 0, ">= 0"),
         ("max_steps", p.max_steps >= 0, ">= 0"),
         ("mask_rate", 0 < p.mask_rate < 1, "in (0, 1)"),
+        ("head_vocab", p.head_vocab == 0 or p.head_vocab > masked_lm.FIRST_REAL, "0 or > 3"),
         ("eval_every_steps", p.eval_every_steps >= 1, ">= 1"),
         ("checkpoint_every_steps", p.checkpoint_every_steps >= 1, ">= 1"),
     ):
@@ -94,14 +95,20 @@ def encoder_params(params: dict) -> dict:
     return {k: v for k, v in params.items() if k != HEAD}
 
 
-def _loss(params, tokens_BxL, key, cfg, rate, *, train: bool, rng):
+def predicted(config: ml_collections.ConfigDict, vocab_size: int) -> int:
+    """How many of the most frequent ids the head predicts: config.pretrain.head_vocab, at most
+    the vocabulary (0 = all of it)."""
+    return min(config.pretrain.head_vocab or vocab_size, vocab_size)
+
+
+def _loss(params, tokens_BxL, key, cfg, rate, predicted, *, train: bool, rng):
     corrupted_BxL, targets = masked_lm.corrupt(
-        key, tokens_BxL, vocab_size=cfg.vocab_size, rate=rate
+        key, tokens_BxL, vocab_size=cfg.vocab_size, rate=rate, predicted=predicted
     )
     model = encoder_params(params)
     h_BxLxD, _ = classifier.encode(model, corrupted_BxL, cfg, train=train, rng=rng)
     logits_BxMxV = masked_lm.head_logits(
-        params[HEAD], model["embed"]["tokens"], h_BxLxD, targets["positions"]
+        params[HEAD], model["embed"]["tokens"][:predicted], h_BxLxD, targets["positions"]
     )
     return masked_lm.loss(logits_BxMxV, targets)
 
@@ -113,20 +120,21 @@ def train_step(
     cfg: classifier.ModelConfig,
     tx: optax.GradientTransformation,
     rate: float,
+    predicted: int,
 ) -> tuple[dict, dict]:
     """One optimizer step on freshly masked tokens: the masks of step s are a function of the
     state's rng and s, so a resumed run masks exactly as an uninterrupted one."""
     k_mask, k_drop = jax.random.split(jax.random.fold_in(state["rng"], state["step"]))
     grad_fn = jax.value_and_grad(_loss, has_aux=True)
     (loss, sums), grads = grad_fn(
-        state["params"], batch["tokens"], k_mask, cfg, rate, train=True, rng=k_drop
+        state["params"], batch["tokens"], k_mask, cfg, rate, predicted, train=True, rng=k_drop
     )
     return optimization.apply_gradients(state, grads, tx, {**sums, "loss": loss})
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "rate"))
-def _eval_step(params, tokens_BxL, key, *, cfg, rate):
-    _, sums = _loss(params, tokens_BxL, key, cfg, rate, train=False, rng=None)
+@functools.partial(jax.jit, static_argnames=("cfg", "rate", "predicted"))
+def _eval_step(params, tokens_BxL, key, *, cfg, rate, predicted):
+    _, sums = _loss(params, tokens_BxL, key, cfg, rate, predicted, train=False, rng=None)
     return sums
 
 
@@ -136,6 +144,7 @@ def evaluate(
     ids: Sequence[np.ndarray],
     *,
     rate: float,
+    predicted: int,
     seed: int,
     data: Any,
     dp: devices.DataParallel,
@@ -156,7 +165,9 @@ def evaluate(
         )
     ):
         tokens = dp.put({"tokens": batch["tokens"]})["tokens"]
-        sums = _eval_step(params, tokens, jax.random.fold_in(key, n), cfg=cfg, rate=rate)
+        sums = _eval_step(
+            params, tokens, jax.random.fold_in(key, n), cfg=cfg, rate=rate, predicted=predicted
+        )
         for k in totals:
             totals[k] += float(sums[k])
     count = max(totals["count"], 1.0)
@@ -201,6 +212,7 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict:
         for part in (texts.train, texts.validation)
     )
     cfg = model_config(run_config, tok.vocab_size)
+    k = predicted(config, tok.vocab_size)
     if src:
         warm_start.check_encoder(cfg, src)
     rt = run_config.train
@@ -209,7 +221,8 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict:
     )
     tx = optimization.make_optimizer(run_config.optim, total_steps)
     step = jax.jit(
-        functools.partial(train_step, cfg=cfg, tx=tx, rate=p.mask_rate), donate_argnums=0
+        functools.partial(train_step, cfg=cfg, tx=tx, rate=p.mask_rate, predicted=k),
+        donate_argnums=0,
     )
     workdirs.check_same_run(config, workdir)
     if distributed.is_primary():
@@ -250,14 +263,28 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 max_len=d.max_len,
             ),
             evaluate=lambda state: evaluate(
-                state["params"], cfg, val_ids, rate=p.mask_rate, seed=t.seed, data=d, dp=dp
+                state["params"],
+                cfg,
+                val_ids,
+                rate=p.mask_rate,
+                predicted=k,
+                seed=t.seed,
+                data=d,
+                dp=dp,
             ),
             accept=accept,
             label=LABEL,
         )
     )
     result = evaluate(
-        best_state["params"], cfg, val_ids, rate=p.mask_rate, seed=t.seed, data=d, dp=dp
+        best_state["params"],
+        cfg,
+        val_ids,
+        rate=p.mask_rate,
+        predicted=k,
+        seed=t.seed,
+        data=d,
+        dp=dp,
     )
     result.update(step=int(best_state["step"]), texts=len(train_ids), sources=texts.summary)
     if distributed.is_primary():

@@ -124,3 +124,36 @@ def test_head_and_loss_against_numpy():
     assert float(sums["count"]) == 3
     correct = [want[0, 0].argmax() == 3, want[0, 1].argmax() == 9, want[1, 0].argmax() == 11]
     assert float(sums["correct"]) == sum(correct)
+
+
+def test_predicted_keeps_targets_among_the_most_frequent_ids():
+    tokens = _rows(jax.random.PRNGKey(11), batch=1024)
+    k = 20
+    corrupted, t = masked_lm.corrupt(
+        jax.random.PRNGKey(12), tokens, vocab_size=V, rate=0.15, predicted=k
+    )
+    tokens, corrupted = np.asarray(tokens), np.asarray(corrupted)
+    pos, ids, w = (np.asarray(t[key]) for key in ("positions", "ids", "weight"))
+    used = w > 0
+    assert ((ids[used] >= 3) & (ids[used] < k)).all()
+    eligible = (tokens >= 3) & (tokens < k)
+    for b in range(len(tokens)):
+        n = eligible[b].sum()
+        assert used[b].sum() == (max(1, round(0.15 * n)) if n else 0)
+    rare = tokens >= k
+    chosen = np.zeros_like(rare)
+    np.put_along_axis(chosen, pos, used, axis=1)
+    np.testing.assert_array_equal(corrupted[rare & ~chosen], tokens[rare & ~chosen])
+    # The head scores the first k rows of the table, with the first k entries of its bias.
+    head = masked_lm.init_head(jax.random.PRNGKey(13), 8, V)
+    head["bias"] = jnp.arange(V, dtype=jnp.float32)
+    table = jax.random.normal(jax.random.PRNGKey(14), (V, 8))
+    h = jax.random.normal(jax.random.PRNGKey(15), (2, 5, 8))
+    p = jnp.array([[0, 1], [2, 3]])
+    full = masked_lm.head_logits(head, table, h, p)
+    part = masked_lm.head_logits(head, table[:k], h, p)
+    assert part.shape == (2, 2, k)
+    np.testing.assert_allclose(part, full[..., :k], rtol=1e-6)
+    with pytest.raises(ValueError, match="predicted"):
+        masked_lm.corrupt(jax.random.PRNGKey(0), jnp.ones((1, 4), jnp.int32), vocab_size=V,
+                          predicted=V + 1)  # fmt: skip
