@@ -106,7 +106,7 @@ MEANINGS = {
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    common.check_variant(arg, ("tiny", "structured"), __file__)
+    common.check_variant(arg, ("tiny", "structured", "pretrained"), __file__)
     config = ml_collections.ConfigDict()
 
     config.data = ml_collections.ConfigDict()
@@ -213,5 +213,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.pretrain.checkpoint_every_steps = 3
     elif arg == "structured":
         config.model.pooling = "structured"
+    elif arg == "pretrained":
+        config.pretrain.num_epochs = 10
+        # An absolute eps of 2 moves a pretrained encoder's embeddings too far: on validation
+        # 84.71% against 85.33% for 5% of each text's embedding norm (seed 0).
+        config.optim.adversarial_relative = True
+        config.optim.adversarial_eps = 0.05
     config.lock()
     return config

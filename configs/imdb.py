@@ -25,10 +25,10 @@ from configs import common, csv, default
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    common.check_variant(arg, ("tiny",), __file__)
+    common.check_variant(arg, ("tiny", "pretrained"), __file__)
     # IMDB is English reviews of known shape, so it takes the recipe tuned for a user's own data
     # (chosen on IMDB's validation split among others) rather than one of its own.
-    config = default.get_config(arg) if arg == "tiny" else csv.get_config(arg)
+    config = default.get_config(arg) if arg == "tiny" else csv.get_config()
     with config.unlocked():
         config.data.dataset = "imdb_reviews"
         config.data.tokenizer = "word"
@@ -38,4 +38,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             # rest; on IMDB 512 words were chosen on validation (with 2,048 for the bag).
             config.data.max_len = 512
             config.data.buckets = (128, 256, 384, 512)
+        if arg == "pretrained":
+            config.pretrain.num_epochs = 2
+            # The vocabulary softmax over 30,000 words was three quarters of a step.
+            config.pretrain.head_vocab = 8192
     return config

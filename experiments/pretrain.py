@@ -1,9 +1,9 @@
 """Pretrains the classifier's encoder on masked tokens of unlabeled text; resumes from the workdir.
 
-  python -m experiments.pretrain --config=configs/imdb.py --workdir=runs/imdb_pretrained \
-      [--config.pretrain.num_epochs=10] [--config.data.unlabeled="('DIR/aclImdb',)"]
+  python -m experiments.pretrain --config=configs/imdb.py:pretrained --workdir=runs/imdb_pt \
+      [--config.data.unlabeled="('DIR/aclImdb',)"]
   python -m experiments.train --config=configs/imdb.py --workdir=runs/imdb_finetuned \
-      --config.model.init_from=runs/imdb_pretrained
+      --config.model.init_from=runs/imdb_pt
 
 The texts are the training split's (never validation's or test's) and those `data.unlabeled`
 names, without any that occur in validation or test; 15% of each text's tokens are hidden

@@ -9,9 +9,9 @@ from attn import classifier
 from experiments import defaults, optimization
 
 VARIANTS = {
-    "default": (None, "tiny", "structured"),
+    "default": (None, "tiny", "structured", "pretrained"),
     "csv": (None, "tiny"),
-    "imdb": (None, "tiny"),
+    "imdb": (None, "tiny", "pretrained"),
     "sst2": (None, "tiny"),
     "lra_text": (None, "4k", "tiny"),
 }
@@ -60,6 +60,18 @@ def test_sst2_uses_the_word_model_and_imdb_the_bag():
     assert a.model.bag_buckets > 0 and a.model.bag_orders == (1, 2) and b.model.bag_buckets == 0
     assert (a.data.dataset, b.data.dataset) == ("imdb_reviews", "glue/sst2")
     assert a.optim.bag_init == "naive_bayes" and a.optim.adversarial_relative  # csv.py's recipe
+
+
+def test_pretrained_variants_pretrain_first_and_change_nothing_else_of_the_model():
+    from configs import default, imdb
+
+    for module in (default, imdb):
+        plain, pretrained = module.get_config(), module.get_config("pretrained")
+        assert plain.pretrain.num_epochs == 0 and pretrained.pretrain.num_epochs > 0
+        assert pretrained.model.to_dict() == plain.model.to_dict()
+        assert pretrained.data.to_dict() == plain.data.to_dict()
+    # A pretrained encoder is moved by a relative eps, as csv.py's recipe (and so imdb.py's) is.
+    assert default.get_config("pretrained").optim.adversarial_relative
 
 
 def test_every_field_of_every_config_has_a_meaning_and_no_meaning_is_stale():
