@@ -293,8 +293,10 @@ def test_broadcast_dropout_draws_flax_s_mask():
     shared = attn.dot_product_attention(
         same_q, k[:, :, :1], v[:, :, :1], dropout_rate=0.5, dropout_rng=rng
     )
-    np.testing.assert_array_equal(
-        shared[:, :, 1:], jnp.broadcast_to(shared[:, :, :1], (B, T, 3, H))
+    # Equal up to rounding: on jax 0.7.2 identical heads come out up to 1.2e-7 apart, where
+    # masks that differ move the output by O(1).
+    np.testing.assert_allclose(
+        shared[:, :, 1:], jnp.broadcast_to(shared[:, :, :1], (B, T, 3, H)), rtol=1e-6, atol=1e-6
     )
 
 
