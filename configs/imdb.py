@@ -16,7 +16,13 @@ words, 2 epochs), printed when the run starts and recorded in the workdir's conf
 Validation is a fixed hash-based 10% of IMDB's train split; test is IMDB's test split.
 Results on 2 CPU cores: `python -m benchmarks imdb --imdb_path=/path/to/aclImdb` (REPORT.md).
 
-Variants: (none) = the recipe above; `tiny` = the default config's tiny model on IMDB, for tests.
+Variants: (none) = the recipe above; `tiny` = the default config's tiny model on IMDB, for tests;
+`pretrained` = 2 epochs (1,406 steps) of masked-token pretraining on the training texts first,
+into WORKDIR/pretrain, its head over the 8,192 most frequent words, then the recipe above:
+  python -m experiments.train --config=configs/imdb.py:pretrained --workdir=runs/imdb_spt \
+      --config.data.path=/path/to/aclImdb
+90.64% test (91.58% best validation) on seed 0, against 90.75% (91.42%) without pretraining;
+56 min on 2 CPU cores shared with another run, the pretraining 25 of them.
 """
 
 import ml_collections
