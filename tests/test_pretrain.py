@@ -182,6 +182,8 @@ def test_train_pretrains_first_when_asked(pretrained, tfds_dir, tmp_path):
     )
     inner = os.path.join(workdir, "pretrain")
     assert metric_rows(inner) == metric_rows(pretrained)
+    with open(os.path.join(inner, "curves.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert_trees_equal(saved_state(inner, PRETRAIN_STEPS), saved_state(pretrained, PRETRAIN_STEPS))
     apart = train.train_and_evaluate(
         tiny_config(tfds_dir, model__init_from=inner), str(tmp_path / "apart")
