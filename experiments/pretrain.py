@@ -22,7 +22,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import cli, distributed, loop, plots, pretraining, workdirs
+from experiments import cli, distributed, loop, pretraining, workdirs
 from experiments.cli import UserError
 
 
@@ -53,7 +53,7 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
             raise
     if not distributed.is_primary():
         return
-    curves = plots.plot_curves(workdir, label=pretraining.LABEL)
+    curves = os.path.join(workdir, "curves.png")  # drawn by pretraining.pretrain
     print(
         f"validation masked-token accuracy {result['accuracy']:.4f}  loss {result['loss']:.4f}  "
         f"({result['num_targets']} hidden tokens, best step {result['step']}, "

@@ -26,6 +26,7 @@ from experiments import (
     distributed,
     loop,
     optimization,
+    plots,
     warm_start,
     workdirs,
 )
@@ -187,7 +188,8 @@ def requested(config: ml_collections.ConfigDict) -> bool:
 
 def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """Pretrains config's encoder on masked tokens in `workdir` (resuming what is there); returns
-    the best checkpoint's validation metrics, also written to WORKDIR/pretrain.json.
+    the best checkpoint's validation metrics, also written to WORKDIR/pretrain.json, with the
+    masked-token curves in WORKDIR/curves.png.
 
     The texts are the training split's and data.unlabeled's (`unlabeled.load`); the tokenizer is
     built from all of them (or is model.init_from's, or the workdir's on resume).
@@ -289,4 +291,5 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict:
     result.update(step=int(best_state["step"]), texts=len(train_ids), sources=texts.summary)
     if distributed.is_primary():
         workdirs.write_json(os.path.join(workdir, RESULT), result)
+        plots.plot_curves(workdir, label=LABEL)
     return result

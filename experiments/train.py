@@ -54,8 +54,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if not start_from and pretraining.requested(config):
         start_from = os.path.join(workdir, "pretrain")
         pretraining.pretrain(config, start_from)
-        if distributed.is_primary():  # the pretraining's own curves, as experiments.pretrain's
-            plots.plot_curves(start_from, label=pretraining.LABEL)
     src = warm_start.source(start_from) if start_from else None
     if src:
         config = warm_start.adopt(config, src)

@@ -163,6 +163,8 @@ def test_pretraining_killed_mid_way_resumes_bit_exactly(pretrained, tfds_dir, tm
     proc = run("experiments.pretrain", *argv)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"resuming from step 3 of {PRETRAIN_STEPS}" in proc.stderr
+    curves = os.path.join(workdir, "curves.png")
+    assert f"curves: {curves}" in proc.stderr and os.path.getsize(curves) > 0
     assert metric_rows(workdir) == metric_rows(pretrained)
     for step in (3, 6):
         assert_trees_equal(saved_state(workdir, step), saved_state(pretrained, step))
