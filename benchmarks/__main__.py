@@ -29,7 +29,7 @@ from absl import flags
 
 from benchmarks import accuracy, attention, device, imdb, lra, multihost, report, train_step
 from experiments import cli
-from experiments.cli import UserError
+from experiments.errors import UserError
 
 # name -> run(flags, previous results of the section) -> results of the section
 SECTIONS = {

@@ -36,7 +36,7 @@ from attn.attention import attention as attend
 from benchmarks import attention as attention_section
 from benchmarks import config_file, lra, timing
 from experiments import devices, optimization, train
-from experiments.cli import UserError
+from experiments.errors import UserError
 
 PARTS = ("attention", "train", "lra")
 LENGTHS = (512, 2048, 8192)

@@ -25,7 +25,7 @@ from jax.experimental import multihost_utils
 
 from attn import classifier
 from experiments import distributed, metrics
-from experiments.cli import UserError
+from experiments.errors import UserError
 
 LAST, BEST = "checkpoints", "best"
 CLASSIFIER, MASKED_LM = "classifier", "masked_lm"  # what a run trains: meta["objective"]

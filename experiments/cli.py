@@ -16,15 +16,12 @@ import ml_collections
 from absl import app, flags, logging
 
 from configs.default import MEANINGS
+from experiments.errors import UserError
 
 Define = Callable[[flags.FlagValues], None]
 Main = Callable[[flags.FlagValues, list[str]], int | None]
 INTERRUPTED = 130  # the shell's status for Ctrl-C
 BROKEN_PIPE = 141  # ... and for a reader of stdout that went away (`| head`)
-
-
-class UserError(Exception):
-    """Bad input from a user (file, text, config, checkpoint): one-line report, exit status 2."""
 
 
 def load_config_file(spec: str) -> ml_collections.ConfigDict:

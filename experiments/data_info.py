@@ -13,8 +13,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from experiments import cli, defaults
-from experiments.cli import UserError
 from experiments.data import encoding, tokenizers
+from experiments.errors import UserError
 
 _PERCENTILES = (50, 90, 99, 100)
 

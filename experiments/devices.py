@@ -13,7 +13,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from experiments.cli import UserError
+from experiments.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,7 +28,7 @@ from absl import flags
 from jax._src import distributed as jax_distributed
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from experiments.cli import UserError
+from experiments.errors import UserError
 
 DEFAULT_TIMEOUT = 120
 

@@ -21,9 +21,9 @@ import numpy as np
 from absl import flags
 
 from experiments import checkpoints, cli, devices, distributed, forward, workdirs
-from experiments.cli import UserError
 from experiments.data import datasets, encoding, user_files
 from experiments.data.splits import SPLITS
+from experiments.errors import UserError
 
 _FLAGS = user_files.Flags("--path", "--text_field", "--label_field")  # named in file errors
 

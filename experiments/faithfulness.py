@@ -37,10 +37,10 @@ from tqdm import tqdm  # noqa: E402
 
 from attn import importance  # noqa: E402
 from experiments import cli, explain, workdirs  # noqa: E402
-from experiments.cli import UserError  # noqa: E402
 from experiments.data import batching, encoding  # noqa: E402
 from experiments.data.splits import SPLITS  # noqa: E402
 from experiments.data.tokenizers import CLS, PAD  # noqa: E402
+from experiments.errors import UserError  # noqa: E402
 
 FILE, PLOT = "faithfulness.json", "faithfulness.png"
 PERCENTS = (1, 2, 5, 10, 20)

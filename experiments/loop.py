@@ -23,8 +23,8 @@ from jax.experimental import multihost_utils
 
 from experiments import checkpoints, devices, distributed, metrics, progress
 from experiments.checkpoints import BEST, LAST
-from experiments.cli import UserError
 from experiments.data import batching
+from experiments.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ import ml_collections
 import optax
 
 from attn import classifier
-from experiments.cli import UserError
+from experiments.errors import UserError
 
 # apply_if_finite would apply a non-finite update after this many skips; the train loop stops
 # long before (config.optim.max_nonfinite), so this only has to be out of reach.

@@ -30,7 +30,7 @@ import numpy as np
 from absl import flags
 
 from experiments import cli, explain, forward, workdirs
-from experiments.cli import UserError
+from experiments.errors import UserError
 
 HEADER = "label\tprobability\tmost-attended tokens (attention received)"
 UNKNOWN = "unknown"

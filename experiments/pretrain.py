@@ -23,7 +23,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from experiments import cli, distributed, loop, pretraining, workdirs
-from experiments.cli import UserError
+from experiments.errors import UserError
 
 
 def define_flags(fv: flags.FlagValues) -> None:

@@ -30,8 +30,8 @@ from experiments import (
     warm_start,
     workdirs,
 )
-from experiments.cli import UserError
 from experiments.data import batching, encoding, unlabeled
+from experiments.errors import UserError
 
 HEAD = "mlm"
 RESULT = "pretrain.json"  # the best checkpoint's validation metrics and what was read

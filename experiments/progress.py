@@ -13,7 +13,7 @@ import numpy as np
 from tqdm import tqdm
 
 from experiments import distributed, metrics
-from experiments.cli import UserError
+from experiments.errors import UserError
 
 _END = object()
 

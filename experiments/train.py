@@ -37,9 +37,9 @@ from experiments import (
     warm_start,
     workdirs,
 )
-from experiments.cli import UserError
 from experiments.data import batching, encoding
 from experiments.data.splits import SPLITS
+from experiments.errors import UserError
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:

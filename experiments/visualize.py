@@ -29,7 +29,7 @@ from absl import flags
 
 from attn import classifier
 from experiments import attention_page, cli, explain, forward, plots, step_plots, workdirs
-from experiments.cli import UserError
+from experiments.errors import UserError
 
 # Everything visualize writes into OUT: an existing OUT holding anything else is not replaced.
 _OUTPUTS = re.compile(r"attention\.html|text\d+_(steps_)?layer\d+_head\d+\.png")

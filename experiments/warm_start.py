@@ -21,8 +21,8 @@ import numpy as np
 
 from attn import classifier
 from experiments import checkpoints, distributed, workdirs
-from experiments.cli import UserError
 from experiments.data import tokenizers, vectors
+from experiments.errors import UserError
 
 ENCODER = ("embed", "final_ln")  # and every "layer_<i>"
 TOKENS = ["embed", "tokens"]  # the path of the token embedding table

@@ -18,8 +18,8 @@ import numpy as np
 
 from attn import classifier
 from experiments import checkpoints
-from experiments.cli import UserError
 from experiments.data import encoding, tokenizers
+from experiments.errors import UserError
 
 MIN_FREE_BYTES = 64 << 20
 # What a resumed run may change: where the data is, how long to train, how often to evaluate,

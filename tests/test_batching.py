@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from experiments.cli import UserError
 from experiments.data import batching, encoding, tokenizers
+from experiments.errors import UserError
 
 BUCKETS = (8, 16, 32, 48)
 MAX_LEN = 40  # 48 is above max_len, so the bucket set is (8, 16, 32, 40)

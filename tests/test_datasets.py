@@ -14,9 +14,9 @@ import tensorflow_datasets as tfds
 from conftest import assert_one_line_error, make_aclimdb, run_here
 
 from experiments import cli, data_info, defaults
-from experiments.cli import UserError
 from experiments.data import datasets, splits
 from experiments.data.splits import SPLITS
+from experiments.errors import UserError
 
 
 def _cfg(**kw) -> ml_collections.ConfigDict:

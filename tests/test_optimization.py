@@ -13,7 +13,7 @@ import pytest
 
 from attn import classifier
 from experiments import metrics, optimization
-from experiments.cli import UserError
+from experiments.errors import UserError
 
 CFG = classifier.ModelConfig(vocab_size=20, d_model=8, num_heads=2, d_ff=16, max_len=6)
 # Two examples, the first padded: [B=2, L=6].

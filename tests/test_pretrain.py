@@ -21,8 +21,8 @@ from conftest import (
 )
 
 from experiments import checkpoints, loop, pretraining, train, warm_start
-from experiments.cli import UserError
 from experiments.data import datasets, tokenizers, unlabeled
+from experiments.errors import UserError
 
 
 def _best_step(workdir: str) -> int:

@@ -27,7 +27,7 @@ from conftest import (
 )
 
 from experiments import checkpoints
-from experiments.cli import UserError
+from experiments.errors import UserError
 
 
 def _signal_when(ready, sig: int, driver: str, argv: list[str], env: dict, log, waiting_for: str):

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from experiments.cli import UserError
 from experiments.data import tokenizers as T
+from experiments.errors import UserError
 
 TEXTS = [
     "",

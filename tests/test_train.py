@@ -28,8 +28,8 @@ from experiments import (
     visualize,
     workdirs,
 )
-from experiments.cli import UserError
 from experiments.data import batching, encoding, tokenizers
+from experiments.errors import UserError
 
 EVAL_KEYS = {"accuracy", "macro_f1", "loss", "confusion", "num_examples"}
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from conftest import run_here
 
-from experiments.cli import UserError
 from experiments.data import splits, user_files
+from experiments.errors import UserError
 
 GOOD = [f"review number {i},{'neg' if i % 3 else 'pos'}" for i in range(100)]
 

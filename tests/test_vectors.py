@@ -9,9 +9,9 @@ import pytest
 from sklearn.decomposition import PCA
 
 from attn import classifier, layers
-from experiments.cli import UserError
 from experiments.data import tokenizers, vectors
 from experiments.data.tokenizers import CLS, PAD, RESERVED, UNK
+from experiments.errors import UserError
 
 WORDS = ["the", "film", "was", "great", "awful", "plot"]
 

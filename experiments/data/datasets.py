@@ -33,9 +33,9 @@ import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging as absl_logging
 
-from experiments.cli import UserError
 from experiments.data import chinese_reviews, user_files  # noqa: F401 (registers the builder)
 from experiments.data.splits import SPLITS, held_out
+from experiments.errors import UserError
 
 Examples = tuple[list[str], np.ndarray, tuple[str, ...]]  # texts, labels int32 [N], label names
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from experiments.cli import UserError
 from experiments.data import datasets, tokenizers
 from experiments.data.splits import SPLITS
 from experiments.data.tokenizers import CLS
+from experiments.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)

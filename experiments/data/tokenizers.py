@@ -23,7 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
-from experiments.cli import UserError
+from experiments.errors import UserError
 
 PAD, UNK, CLS = 0, 1, 2
 RESERVED = ("<pad>", "<unk>", "<cls>")

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments.cli import UserError
 from experiments.data import datasets, user_files
 from experiments.data.splits import normalize
+from experiments.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)

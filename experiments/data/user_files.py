@@ -36,8 +36,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from experiments.cli import UserError
 from experiments.data.splits import SPLITS, held_out, split_of
+from experiments.errors import UserError
 
 FILE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".ndjson")
 _SHOW_BAD = 5  # how many malformed rows a message names

@@ -53,8 +53,8 @@ import numpy as np
 from tqdm import tqdm
 
 from attn import layers
-from experiments.cli import UserError
 from experiments.data.tokenizers import CLS, PAD, RESERVED
+from experiments.errors import UserError
 
 FLAG = "model.embeddings_from"
 INIT_STDDEV = 1.0  # layers.embed_init's default: the stddev of classifier.init's token table
