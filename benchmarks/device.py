@@ -35,7 +35,7 @@ from attn.attention import IMPLEMENTATIONS
 from attn.attention import attention as attend
 from benchmarks import attention as attention_section
 from benchmarks import config_file, lra, timing
-from experiments import devices, optimization, train
+from experiments import optimization, parallel, train
 from experiments.errors import UserError
 
 PARTS = ("attention", "train", "lra")
@@ -206,7 +206,7 @@ def train_rows(quick: bool, sizes: Sizes) -> dict:
     model on a full-length batch, in float32 and bfloat16, on every device."""
     config = imdb_model_config(quick)
     d = config.data
-    dp = devices.data_parallel(d)
+    dp = parallel.data_parallel(d)
     vocab = d.max_vocab
     rng = np.random.default_rng(0)
     batch = {
@@ -223,7 +223,7 @@ def train_rows(quick: bool, sizes: Sizes) -> dict:
             config.model.dtype = dtype
         cfg = optimization.model_config(config, vocab, 2)
         tx = optimization.make_optimizer(config.optim, 1000)
-        state = devices.replicate(optimization.init_state(jax.random.key(0), cfg, tx), dp)
+        state = parallel.replicate(optimization.init_state(jax.random.key(0), cfg, tx), dp)
         param_dtypes[dtype] = sorted({str(x.dtype) for x in jax.tree.leaves(state["params"])})
         step = jax.jit(
             functools.partial(
@@ -270,10 +270,10 @@ def lra_run(sizes: Sizes, imdb_path: str, minutes: float) -> dict:
     with config.unlocked():
         d.path = imdb_path
         config.train.baseline = False
-    dp = devices.data_parallel(d)
+    dp = parallel.data_parallel(d)
     cfg = optimization.model_config(config, 259, 2)  # the byte tokenizer's vocabulary
     tx = optimization.make_optimizer(config.optim, 1000)
-    state = devices.replicate(optimization.init_state(jax.random.key(0), cfg, tx), dp)
+    state = parallel.replicate(optimization.init_state(jax.random.key(0), cfg, tx), dp)
     step = jax.jit(
         functools.partial(
             optimization.train_step, cfg=cfg, tx=tx, **optimization.loss_options(config.optim)

@@ -17,22 +17,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _WORKER = textwrap.dedent(
     """
     import functools, json, sys, time
-    from experiments import distributed
+    from experiments import parallel
     num, pid, steps = (int(a) for a in sys.argv[1:4])
     port, spec = sys.argv[4:6]
     if num > 1:
-        distributed.initialize(f"127.0.0.1:{port}", num, pid, timeout=120)
+        parallel.initialize(f"127.0.0.1:{port}", num, pid, timeout=120)
     import jax
     from benchmarks import config_file
     from benchmarks.train_step import train_data
-    from experiments import devices, optimization
+    from experiments import optimization
+    from experiments import parallel
     from experiments.data import batching
 
     config = config_file(spec)
     cfg, train = train_data(config)
-    dp = devices.data_parallel(config.data)
+    dp = parallel.data_parallel(config.data)
     tx = optimization.make_optimizer(config.optim, 1000)
-    state = devices.replicate(optimization.init_state(jax.random.PRNGKey(0), cfg, tx), dp)
+    state = parallel.replicate(optimization.init_state(jax.random.PRNGKey(0), cfg, tx), dp)
     step = jax.jit(functools.partial(optimization.train_step, cfg=cfg, tx=tx,
                                      **optimization.loss_options(config.optim)))
     batches = batching.train_stream(train.ids, train.labels, seed=0,

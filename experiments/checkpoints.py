@@ -24,7 +24,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from attn import classifier
-from experiments import distributed, metrics
+from experiments import metrics, parallel
 from experiments.errors import UserError
 
 LAST, BEST = "checkpoints", "best"
@@ -62,7 +62,7 @@ def writer(workdir: str, which: str, keep: int) -> ocp.CheckpointManager:
     same deletion through its public API, finished before the manager exists.
     """
     path = os.path.join(os.path.abspath(workdir), which)
-    if os.path.isdir(path) and distributed.is_primary():
+    if os.path.isdir(path) and parallel.is_primary():
         for tmp in ocp.path.step.all_temporary_paths(path):
             shutil.rmtree(tmp.get())
     if jax.process_count() > 1:  # no process may start a save before the deletion is done

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from absl import flags
 
-from experiments import checkpoints, cli, devices, distributed, forward, workdirs
+from experiments import checkpoints, cli, forward, parallel, workdirs
 from experiments.data import datasets, encoding, user_files
 from experiments.data.splits import SPLITS
 from experiments.errors import UserError
@@ -78,15 +78,15 @@ def result_file(
 
 
 def _evaluate(trained: workdirs.Trained, s: encoding.Split, out: str, **about: str) -> dict:
-    dp = devices.data_parallel(trained.config.data)
-    params = devices.replicate(trained.params, dp)
+    dp = parallel.data_parallel(trained.config.data)
+    params = parallel.replicate(trained.params, dp)
     result = forward.evaluate(
         params, trained.cfg, s.ids, s.labels, data=trained.config.data, dp=dp, bag_ids=s.bag_ids
     )
     result["step"] = trained.step
     result["label_names"] = list(trained.label_names)
     result.update(about)
-    if distributed.is_primary():
+    if parallel.is_primary():
         workdirs.write_json(out, result)
     return result
 
@@ -128,20 +128,20 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string(
         "label_field", None, "--path's label column; default: the training run's.", flag_values=fv
     )
-    distributed.define_flags(fv)
+    parallel.define_flags(fv)
 
 
 def main(fv: flags.FlagValues, argv: list[str]) -> None:
     if not fv.workdir:
         raise UserError("--workdir=DIR is required")
-    distributed.initialize_from_flags(fv)
+    parallel.initialize_from_flags(fv)
     if fv.path is not None:
         result = evaluate_file(fv.workdir, fv.path, fv.checkpoint, fv.text_field, fv.label_field)
         what = f"{fv.path} (every row)"
     else:
         result = evaluate_workdir(fv.workdir, fv.split, fv.checkpoint)
         what = f"{fv.split} split"
-    if not distributed.is_primary():
+    if not parallel.is_primary():
         return
     print(f"{what}, checkpoint step {result['step']}")
     print(format_table(result, tuple(result["label_names"])))

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attn import classifier, multihead
-from experiments import devices, metrics, optimization
+from experiments import metrics, optimization, parallel
 from experiments.data import batching
 
 
@@ -32,7 +32,7 @@ def probabilities(
     labels: np.ndarray,
     *,
     data: Any,
-    dp: devices.DataParallel,
+    dp: parallel.DataParallel,
     bag_ids: Sequence[np.ndarray] | None = None,
 ) -> tuple[np.ndarray, float]:
     """Class probabilities [N, C] in example order, and the summed cross-entropy, on every
@@ -54,7 +54,7 @@ def probabilities(
         bag_len=data.bag_len,
     ):
         sums, probs_BxC = eval_step(params, dp.put(batch), cfg=cfg)
-        probs_NxC[idx] = devices.fetch(probs_BxC)[: len(idx)]
+        probs_NxC[idx] = parallel.fetch(probs_BxC)[: len(idx)]
         loss_sum += float(sums["loss_sum"])
     return probs_NxC, loss_sum
 
@@ -66,7 +66,7 @@ def evaluate(
     labels: np.ndarray,
     *,
     data: Any,
-    dp: devices.DataParallel,
+    dp: parallel.DataParallel,
     bag_ids: Sequence[np.ndarray] | None = None,
 ) -> dict:
     """accuracy, macro_f1, loss, confusion, num_examples and examples_per_sec on one split."""

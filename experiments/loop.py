@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 from jax.experimental import multihost_utils
 
-from experiments import checkpoints, devices, distributed, metrics, progress
+from experiments import checkpoints, metrics, parallel, progress
 from experiments.checkpoints import BEST, LAST
 from experiments.data import batching
 from experiments.errors import UserError
@@ -33,7 +33,7 @@ class Run:
 
     workdir: str
     config: ml_collections.ConfigDict
-    dp: devices.DataParallel
+    dp: parallel.DataParallel
     total_steps: int
     meta: dict  # `checkpoints.new_meta` of this run: what a checkpoint must match to resume
     init_state: Callable[[bool], Any]  # fresh start? -> the starting state, on the host
@@ -52,19 +52,19 @@ def run(r: Run) -> Any:
         checkpoints.writer(r.workdir, BEST, 1) as best,
     ):
         state = r.init_state(last.latest_step() is None)
-        state, meta = checkpoints.resume(last, devices.replicate(state, r.dp), r.meta, r.workdir)
+        state, meta = checkpoints.resume(last, parallel.replicate(state, r.dp), r.meta, r.workdir)
         meta = {**meta}
         start = int(state["step"])
         if jax.process_count() > 1:  # all have read the workdir before process 0 writes to it
             multihost_utils.sync_global_devices("workdir read")
-        if distributed.is_primary():
+        if parallel.is_primary():
             if start:
                 print(f"resuming from step {start} of {r.total_steps}", file=sys.stderr)
             # Only now, every check passed: a refused run leaves no config or vocabulary behind.
             r.accept()
         if not meta.get("stopped_early"):
             expected = _expected_time(r, state, start)
-            if expected and distributed.is_primary():
+            if expected and parallel.is_primary():
                 print(expected, file=sys.stderr)
             _steps(r, state, meta, start, last, best)
         if best.latest_step() is None:

@@ -22,7 +22,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import cli, distributed, loop, pretraining, workdirs
+from experiments import cli, loop, parallel, pretraining, workdirs
 from experiments.errors import UserError
 
 
@@ -33,7 +33,7 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string(
         "workdir", None, "Directory for checkpoints, vocabulary and metrics.", flag_values=fv
     )
-    distributed.define_flags(fv)
+    parallel.define_flags(fv)
 
 
 def main(fv: flags.FlagValues, argv: list[str]) -> None:
@@ -42,16 +42,16 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
     if config is None or not workdir:
         raise UserError("both --config=configs/<name>.py and --workdir=DIR are required")
     start = time.perf_counter()
-    distributed.initialize_from_flags(fv)
+    parallel.initialize_from_flags(fv)
     fresh = not os.path.exists(workdir)
     with cli.interrupt_detail(lambda: loop.resume_hint(workdir)):
         try:
             result = pretraining.pretrain(config, workdir)
         except UserError:
-            if fresh and distributed.is_primary():  # a refused run leaves no empty workdir
+            if fresh and parallel.is_primary():  # a refused run leaves no empty workdir
                 workdirs.remove_if_unused(workdir)
             raise
-    if not distributed.is_primary():
+    if not parallel.is_primary():
         return
     curves = os.path.join(workdir, "curves.png")  # drawn by pretraining.pretrain
     print(

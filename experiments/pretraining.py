@@ -22,10 +22,9 @@ from attn import classifier, masked_lm
 from experiments import (
     checkpoints,
     defaults,
-    devices,
-    distributed,
     loop,
     optimization,
+    parallel,
     plots,
     warm_start,
     workdirs,
@@ -148,7 +147,7 @@ def evaluate(
     predicted: int,
     seed: int,
     data: Any,
-    dp: devices.DataParallel,
+    dp: parallel.DataParallel,
 ) -> dict:
     """Masked-token accuracy and loss per target on texts `ids`, with the same masks at every
     evaluation (drawn from `seed` and the batch number), so evaluations compare."""
@@ -203,7 +202,7 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict:
     config, chosen = defaults.choose(config)
     run_config = view(config)
     d, t, p = config.data, config.train, config.pretrain
-    dp = devices.data_parallel(d)
+    dp = parallel.data_parallel(d)
     texts = unlabeled.load(d)
     tok = src.tokenizer if src else encoding.tokenizer_for(d, texts.train, workdir)
     add_cls = config.model.pooling == "cls"
@@ -227,7 +226,7 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict:
         donate_argnums=0,
     )
     workdirs.check_same_run(config, workdir)
-    if distributed.is_primary():
+    if parallel.is_primary():
         if chosen:
             print(chosen, file=sys.stderr)
         print(texts.summary, file=sys.stderr)
@@ -289,7 +288,7 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict:
         dp=dp,
     )
     result.update(step=int(best_state["step"]), texts=len(train_ids), sources=texts.summary)
-    if distributed.is_primary():
+    if parallel.is_primary():
         workdirs.write_json(os.path.join(workdir, RESULT), result)
         plots.plot_curves(workdir, label=LABEL)
     return result

@@ -12,7 +12,7 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from experiments import distributed, metrics
+from experiments import metrics, parallel
 from experiments.errors import UserError
 
 _END = object()
@@ -73,7 +73,7 @@ class Progress(contextlib.AbstractContextManager):
         self.label = f"{label} " if label else ""  # what the validation line's figures are of
         self.log_every = config.train.log_every_steps
         self.max_nonfinite = config.optim.max_nonfinite
-        primary = distributed.is_primary()
+        primary = parallel.is_primary()
         self.log = metrics.Log(workdir, start) if primary else None
         self.bar = tqdm(
             total=total_steps,

@@ -27,11 +27,10 @@ from experiments import (
     checkpoints,
     cli,
     defaults,
-    devices,
-    distributed,
     forward,
     loop,
     optimization,
+    parallel,
     plots,
     pretraining,
     warm_start,
@@ -59,8 +58,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         config = warm_start.adopt(config, src)
     config, chosen = defaults.choose(config)
     d, t, o = config.data, config.train, config.optim
-    dp = devices.data_parallel(d)
-    primary = distributed.is_primary()
+    dp = parallel.data_parallel(d)
+    primary = parallel.is_primary()
     data = encoding.load(
         d,
         add_cls=config.model.pooling == "cls",
@@ -162,7 +161,7 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string(
         "workdir", None, "Directory for checkpoints, vocabulary and metrics.", flag_values=fv
     )
-    distributed.define_flags(fv)
+    parallel.define_flags(fv)
     flags.DEFINE_boolean(
         "print_config",
         False,
@@ -189,16 +188,16 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
     if config is None or not workdir:
         raise UserError("both --config=configs/<name>.py and --workdir=DIR are required")
     start = time.perf_counter()
-    distributed.initialize_from_flags(fv)
+    parallel.initialize_from_flags(fv)
     fresh = not os.path.exists(workdir)
     with cli.interrupt_detail(lambda: loop.resume_hint(workdir)):
         try:
             test = train_and_evaluate(config, workdir)
         except UserError:
-            if fresh and distributed.is_primary():  # a refused run leaves no empty workdir
+            if fresh and parallel.is_primary():  # a refused run leaves no empty workdir
                 workdirs.remove_if_unused(workdir)
             raise
-    if not distributed.is_primary():
+    if not parallel.is_primary():
         return
     curves = plots.plot_curves(workdir)
     print(

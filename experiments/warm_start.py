@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 
 from attn import classifier
-from experiments import checkpoints, distributed, workdirs
+from experiments import checkpoints, parallel, workdirs
 from experiments.data import tokenizers, vectors
 from experiments.errors import UserError
 
@@ -173,8 +173,8 @@ def word_vectors(
         config.model.d_model,
         seed=config.train.seed,
         token_counts=counts_V,
-        progress=distributed.is_primary(),
+        progress=parallel.is_primary(),
     )
-    if distributed.is_primary():
+    if parallel.is_primary():
         print(loaded.summary(), file=sys.stderr)
     return loaded.table_VxD

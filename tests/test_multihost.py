@@ -172,10 +172,10 @@ def test_sigkill_of_one_process_then_both_then_restart_is_identical(request, tfd
 _LATE_FIRST_COLLECTIVE = """
 import sys, time
 import jax, numpy as np
-from experiments import devices, distributed
+from experiments import parallel
 port, pid = sys.argv[1], int(sys.argv[2])
-distributed.initialize(f"127.0.0.1:{port}", 2, pid, timeout=120)
-dp = devices.data_parallel({"batch_size": 8, "eval_batch_size": 8})  # the processes meet here
+parallel.initialize(f"127.0.0.1:{port}", 2, pid, timeout=120)
+dp = parallel.data_parallel({"batch_size": 8, "eval_batch_size": 8})  # the processes meet here
 if pid == 1:
     time.sleep(40)
 x = dp.put({"x": np.full(4, pid + 1.0, np.float32)})["x"]

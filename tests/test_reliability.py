@@ -560,9 +560,9 @@ def test_evaluate_bad_workdir_or_data(case, trained_copy, tmp_path):
 
 
 def test_batch_not_divisible_by_eight_devices(tfds_dir, tmp_path, capsys, monkeypatch):
-    from experiments import devices
+    from experiments import parallel
 
-    monkeypatch.setattr(devices.jax, "device_count", lambda: 8)  # checked before any use
+    monkeypatch.setattr(parallel.jax, "device_count", lambda: 8)  # checked before any use
     workdir = str(tmp_path / "run")
     proc = run_here(
         "experiments.train",

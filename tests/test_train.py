@@ -19,10 +19,10 @@ from conftest import (
 from attn import classifier
 from experiments import (
     checkpoints,
-    devices,
     evaluate,
     forward,
     metrics,
+    parallel,
     predict,
     train,
     visualize,
@@ -306,7 +306,7 @@ def test_a_bag_that_reads_more_is_read_alike_by_training_evaluate_and_predict(tf
     s = split.splits["validation"]
     longer = [i for i in range(len(s.ids)) if len(s.bag_ids[i]) > len(s.ids[i])][:3]
     assert len(longer) == 3  # texts of more than max_len (64) characters
-    dp = devices.data_parallel(d)
+    dp = parallel.data_parallel(d)
     probs_NxC, _ = forward.probabilities(
         loaded.params, loaded.cfg, s.ids, s.labels, data=d, dp=dp, bag_ids=s.bag_ids
     )

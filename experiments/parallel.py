@@ -1,4 +1,10 @@
-"""Several processes, one job: joining them through `jax.distributed`, and which one writes.
+"""Several devices and processes, one job: data parallelism over every device of every process
+(batches split, the state replicated), joining the processes through `jax.distributed`, and which
+one writes.
+
+With several processes each one builds only its own rows of a global batch (`DataParallel.rows`),
+and `DataParallel.put` joins them into one global array; one process holds every row, so the same
+code serves both.
 
 Every process runs the same command. It joins the others when it is told how many there are
 (`--num_processes`, or JAX_NUM_PROCESSES) or runs under a SLURM step of several tasks; JAX then
@@ -15,17 +21,20 @@ communicator of their collectives together as they join (`_join_collectives`), s
 arriving late at its first train step is waited for.
 """
 
+import dataclasses
 import os
 import socket
 import sys
 import threading
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import flags
 from jax._src import distributed as jax_distributed
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from experiments.errors import UserError
@@ -217,3 +226,51 @@ def _int_env(name: str) -> int | None:
         return int(value)
     except ValueError:
         raise UserError(f"${name}={value!r} is not an integer") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class DataParallel:
+    batch: NamedSharding  # first axis split over every device
+    replicated: NamedSharding
+
+    def rows(self, batch_size: int) -> slice:
+        """The rows of a global batch that this process's devices hold (contiguous: the mesh
+        lists each process's devices together)."""
+        spans = self.batch.addressable_devices_indices_map((batch_size,)).values()
+        starts, stops = zip(*(s[0].indices(batch_size)[:2] for s in spans), strict=True)
+        return slice(min(starts), max(stops))
+
+    def put(self, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        """Where a batch goes: this process's rows of it, joined with the other processes' into
+        global arrays split along the first axis."""
+        return {
+            k: jax.make_array_from_process_local_data(self.batch, v) for k, v in local_batch.items()
+        }
+
+
+def data_parallel(data: Any) -> DataParallel:
+    """Batch and replicated shardings over every device for config.data, whose batch sizes must
+    divide by the device count."""
+    n = jax.device_count()
+    for name in ("batch_size", "eval_batch_size"):
+        if data[name] % n:
+            raise UserError(
+                f"config.data.{name}={data[name]} is not divisible by the {n} devices; "
+                f"use a multiple of {n}"
+            )
+    # Sorted by process, so that each process's rows of a batch are one contiguous block.
+    ordered = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    mesh = Mesh(np.array(ordered), ("data",))
+    return DataParallel(
+        NamedSharding(mesh, PartitionSpec("data")), NamedSharding(mesh, PartitionSpec())
+    )
+
+
+def fetch(x: jax.Array) -> np.ndarray:
+    """A global array, whole, on the host of every process."""
+    return multihost_utils.process_allgather(x, tiled=True)
+
+
+def replicate(tree: Any, dp: DataParallel) -> Any:
+    """`tree`, which every process computed alike, on every device of every process."""
+    return jax.device_put(tree, dp.replicated)
