@@ -8,8 +8,9 @@ import ml_collections
 import numpy as np
 
 from benchmarks import config_file, timing
-from experiments import baseline, defaults, metrics, predict, train, workdirs
+from experiments import defaults, predict, train, workdirs
 from experiments.data import batching, datasets
+from experiments.training import baseline, metrics
 
 # Short, obvious reviews in both classes, written for this check (not drawn from any split, and
 # no model choice was made on them): users type texts like these, far shorter than the training

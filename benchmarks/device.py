@@ -35,8 +35,9 @@ from attn.attention import IMPLEMENTATIONS
 from attn.attention import attention as attend
 from benchmarks import attention as attention_section
 from benchmarks import config_file, lra, timing
-from experiments import optimization, parallel, train
+from experiments import parallel, train
 from experiments.errors import UserError
+from experiments.training import optim
 
 PARTS = ("attention", "train", "lra")
 LENGTHS = (512, 2048, 8192)
@@ -221,14 +222,12 @@ def train_rows(quick: bool, sizes: Sizes) -> dict:
     for dtype in DTYPES:
         with config.unlocked():
             config.model.dtype = dtype
-        cfg = optimization.model_config(config, vocab, 2)
-        tx = optimization.make_optimizer(config.optim, 1000)
-        state = parallel.replicate(optimization.init_state(jax.random.key(0), cfg, tx), dp)
+        cfg = optim.model_config(config, vocab, 2)
+        tx = optim.make_optimizer(config.optim, 1000)
+        state = parallel.replicate(optim.init_state(jax.random.key(0), cfg, tx), dp)
         param_dtypes[dtype] = sorted({str(x.dtype) for x in jax.tree.leaves(state["params"])})
         step = jax.jit(
-            functools.partial(
-                optimization.train_step, cfg=cfg, tx=tx, **optimization.loss_options(config.optim)
-            )
+            functools.partial(optim.train_step, cfg=cfg, tx=tx, **optim.loss_options(config.optim))
         )
         steps[dtype] = functools.partial(step.lower(state, batch).compile(), state, batch)
     first = timing.time_interleaved(steps, 1)
@@ -271,13 +270,11 @@ def lra_run(sizes: Sizes, imdb_path: str, minutes: float) -> dict:
         d.path = imdb_path
         config.train.baseline = False
     dp = parallel.data_parallel(d)
-    cfg = optimization.model_config(config, 259, 2)  # the byte tokenizer's vocabulary
-    tx = optimization.make_optimizer(config.optim, 1000)
-    state = parallel.replicate(optimization.init_state(jax.random.key(0), cfg, tx), dp)
+    cfg = optim.model_config(config, 259, 2)  # the byte tokenizer's vocabulary
+    tx = optim.make_optimizer(config.optim, 1000)
+    state = parallel.replicate(optim.init_state(jax.random.key(0), cfg, tx), dp)
     step = jax.jit(
-        functools.partial(
-            optimization.train_step, cfg=cfg, tx=tx, **optimization.loss_options(config.optim)
-        )
+        functools.partial(optim.train_step, cfg=cfg, tx=tx, **optim.loss_options(config.optim))
     )
     tokens = np.random.default_rng(0).integers(3, 259, (d.batch_size, d.max_len), np.int32)
     batch = dp.put(

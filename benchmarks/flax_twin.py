@@ -87,7 +87,7 @@ class Classifier(nn.Module):
 
 
 def init_state(key: jax.Array, cfg: classifier.ModelConfig, tx: optax.GradientTransformation, L):
-    """{"params", "opt_state", "step", "rng"} like `experiments.optimization.init_state`."""
+    """{"params", "opt_state", "step", "rng"} like `experiments.training.optim.init_state`."""
     init_key, dropout_key = jax.random.split(key)
     params = Classifier(cfg).init(init_key, jnp.ones((1, L), jnp.int32))["params"]
     return {

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks import config_file, timing
-from experiments import optimization
 from experiments.data import tokenizers
+from experiments.training import optim
 
 TRAIN_EXAMPLES = 22_500  # IMDB train less the 10% held out for validation
 # Dense bf16 peak of one accelerator; a well-fed transformer step reaches about 30-40% of it.
@@ -36,14 +36,10 @@ def run(quick: bool) -> dict:
         config = config_file(f"lra_text.py:{variant}" if variant else "lra_text.py")
         d, o = config.data, config.optim
         vocab = tokenizers.ByteTokenizer().vocab_size
-        cfg = optimization.model_config(config, vocab, 2)
-        tx = optimization.make_optimizer(o, 1000)
-        state = optimization.init_state(jax.random.key(0), cfg, tx)
-        step = jax.jit(
-            functools.partial(
-                optimization.train_step, cfg=cfg, tx=tx, **optimization.loss_options(o)
-            )
-        )
+        cfg = optim.model_config(config, vocab, 2)
+        tx = optim.make_optimizer(o, 1000)
+        state = optim.init_state(jax.random.key(0), cfg, tx)
+        step = jax.jit(functools.partial(optim.train_step, cfg=cfg, tx=tx, **optim.loss_options(o)))
         tokens = jax.random.randint(jax.random.key(1), (d.batch_size, d.max_len), 3, vocab)
         batch = {
             "tokens": tokens,

@@ -14,15 +14,15 @@ import numpy as np
 
 from attn import classifier
 from benchmarks import config_file, flax_twin, timing
-from experiments import optimization
 from experiments.data import batching, encoding
+from experiments.training import optim
 
 
 def train_data(config: ml_collections.ConfigDict) -> tuple[classifier.ModelConfig, encoding.Split]:
     """The model config and the encoded train split that `config` trains on."""
     add_cls = config.model.pooling == "cls"
     data = encoding.load(config.data, ("train",), add_cls=add_cls)
-    cfg = optimization.model_config(config, data.tokenizer.vocab_size, len(data.label_names))
+    cfg = optim.model_config(config, data.tokenizer.vocab_size, len(data.label_names))
     return cfg, data.splits["train"]
 
 
@@ -42,7 +42,7 @@ def plain_step(cfg: classifier.ModelConfig, tx, optim: ml_collections.ConfigDict
     same computation as the Flax twin's."""
     return jax.jit(
         functools.partial(
-            optimization.train_step,
+            optim.train_step,
             cfg=cfg,
             tx=tx,
             label_smoothing=0.0,
@@ -60,9 +60,9 @@ def run(quick: bool) -> dict:
     config = config_file("default.py:tiny" if quick else "default.py")
     o = config.optim
     cfg, train = train_data(config)
-    tx = optimization.make_optimizer(o, 1000)
+    tx = optim.make_optimizer(o, 1000)
     key = jax.random.key(config.train.seed)
-    ours_state = optimization.init_state(key, cfg, tx)
+    ours_state = optim.init_state(key, cfg, tx)
     ours_step = plain_step(cfg, tx, o)
     flax_step = jax.jit(
         functools.partial(flax_twin.train_step, cfg=cfg, tx=tx, penalty_weight=o.penalty_weight)
@@ -119,7 +119,7 @@ def run(quick: bool) -> dict:
     ratios = [r["ratio"] for r in rows]
     return {
         "model": dataclasses.asdict(cfg),
-        "optimizer": "experiments.optimization.make_optimizer(config.optim) for both",
+        "optimizer": "experiments.training.optim.make_optimizer(config.optim) for both",
         "param_count": {"ours": n_ours, "flax": n_flax},
         "rows": rows,
         "pipeline": pipeline,

@@ -20,10 +20,11 @@ from pathlib import Path
 import numpy as np
 from absl import flags
 
-from experiments import checkpoints, cli, forward, parallel, workdirs
+from experiments import cli, forward, parallel, workdirs
 from experiments.data import datasets, encoding, user_files
 from experiments.data.splits import SPLITS
 from experiments.errors import UserError
+from experiments.training import checkpoints
 
 _FLAGS = user_files.Flags("--path", "--text_field", "--label_field")  # named in file errors
 

@@ -12,14 +12,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from attn import classifier, multihead
-from experiments import metrics, optimization, parallel
+from experiments import parallel
 from experiments.data import batching
+from experiments.training import metrics, optim
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def eval_step(params: Any, batch: dict, *, cfg: classifier.ModelConfig) -> tuple[dict, jax.Array]:
     """Per-batch metric sums and the class probabilities [B, C]."""
-    _, sums, logits_BxC = optimization.loss_and_metrics(
+    _, sums, logits_BxC = optim.loss_and_metrics(
         params, batch, cfg, label_smoothing=0.0, penalty_weight=0.0, train=False, rng=None
     )
     return sums, jax.nn.softmax(logits_BxC)

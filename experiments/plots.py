@@ -14,7 +14,8 @@ from matplotlib import font_manager
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from experiments import baseline, metrics, workdirs
+from experiments import workdirs
+from experiments.training import baseline, metrics
 
 
 @functools.cache

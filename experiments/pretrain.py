@@ -22,8 +22,9 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import cli, loop, parallel, pretraining, workdirs
+from experiments import cli, parallel, pretraining, workdirs
 from experiments.errors import UserError
+from experiments.training import loop
 
 
 def define_flags(fv: flags.FlagValues) -> None:

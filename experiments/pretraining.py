@@ -1,7 +1,7 @@
 """The masked-token objective (`attn.masked_lm`) as a run of the train loop: its model config,
 state, train step and validation, beside `optimization`'s classification ones.
 
-The state is the classifier's own (`optimization.init_state`, no bag: the bag is not pretrained)
+The state is the classifier's own (`optim.init_state`, no bag: the bag is not pretrained)
 with the masked-token head as one more entry of its params, "mlm", so a pretrained workdir's
 encoder sits where a classifier's does and `warm_start` reads both alike.
 """
@@ -19,18 +19,10 @@ import numpy as np
 import optax
 
 from attn import classifier, masked_lm
-from experiments import (
-    checkpoints,
-    defaults,
-    loop,
-    optimization,
-    parallel,
-    plots,
-    warm_start,
-    workdirs,
-)
+from experiments import defaults, parallel, plots, workdirs
 from experiments.data import batching, encoding, unlabeled
 from experiments.errors import UserError
+from experiments.training import checkpoints, loop, optim, warm_start
 
 HEAD = "mlm"
 RESULT = "pretrain.json"  # the best checkpoint's validation metrics and what was read
@@ -65,13 +57,13 @@ def view(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         patience=0,
     )
     out.optim.update(learning_rate=p.learning_rate, warmup_steps=p.warmup_steps)
-    optimization.check_optim(out.optim)
+    optim.check_optim(out.optim)
     return out
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> classifier.ModelConfig:
     """The classifier's config without the bag, whose table pretraining would never train."""
-    cfg = optimization.model_config(config, vocab_size, num_classes=2)
+    cfg = optim.model_config(config, vocab_size, num_classes=2)
     return dataclasses.replace(cfg, bag_buckets=0)
 
 
@@ -82,12 +74,12 @@ def init_state(
     *,
     tokens_VxD: jax.Array | None = None,
 ) -> dict:
-    """`optimization.init_state`'s state, its params holding the head as params["mlm"]."""
+    """`optim.init_state`'s state, its params holding the head as params["mlm"]."""
     init_key, rng = jax.random.split(key)
     k_model, k_head = jax.random.split(init_key)
-    params = optimization.init_params(k_model, cfg, tokens_VxD=tokens_VxD)
+    params = optim.init_params(k_model, cfg, tokens_VxD=tokens_VxD)
     params[HEAD] = masked_lm.init_head(k_head, cfg.d_model, cfg.vocab_size)
-    return optimization.state_of(params, tx, rng)
+    return optim.state_of(params, tx, rng)
 
 
 def encoder_params(params: dict) -> dict:
@@ -129,7 +121,7 @@ def train_step(
     (loss, sums), grads = grad_fn(
         state["params"], batch["tokens"], k_mask, cfg, rate, predicted, train=True, rng=k_drop
     )
-    return optimization.apply_gradients(state, grads, tx, {**sums, "loss": loss})
+    return optim.apply_gradients(state, grads, tx, {**sums, "loss": loss})
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "rate", "predicted"))
@@ -194,7 +186,7 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict:
     built from all of them (or is model.init_from's, or the workdir's on resume).
     """
     view(config)  # the config's own mistakes first, before any data is read
-    optimization.check_model(config)
+    optim.check_model(config)
     workdirs.check_writable(workdir)
     src = warm_start.source(config.model.init_from) if config.model.init_from else None
     if src:
@@ -220,7 +212,7 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict:
     total_steps = rt.max_steps or rt.num_epochs * batching.steps_per_epoch(
         len(train_ids), d.batch_size
     )
-    tx = optimization.make_optimizer(run_config.optim, total_steps)
+    tx = optim.make_optimizer(run_config.optim, total_steps)
     step = jax.jit(
         functools.partial(train_step, cfg=cfg, tx=tx, rate=p.mask_rate, predicted=k),
         donate_argnums=0,

@@ -21,24 +21,11 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import (
-    bag_prior,
-    baseline,
-    checkpoints,
-    cli,
-    defaults,
-    forward,
-    loop,
-    optimization,
-    parallel,
-    plots,
-    pretraining,
-    warm_start,
-    workdirs,
-)
+from experiments import cli, defaults, forward, parallel, plots, pretraining, workdirs
 from experiments.data import batching, encoding
 from experiments.data.splits import SPLITS
 from experiments.errors import UserError
+from experiments.training import bag_prior, baseline, checkpoints, loop, optim, warm_start
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -67,16 +54,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         tokenizer=src.tokenizer if src else None,
     )
     train, validation, test = (data.splits[s] for s in SPLITS)
-    cfg = optimization.model_config(config, data.tokenizer.vocab_size, len(data.label_names))
+    cfg = optim.model_config(config, data.tokenizer.vocab_size, len(data.label_names))
     if src:
         warm_start.check_encoder(cfg, src)
     per_epoch = batching.steps_per_epoch(len(train.ids), d.batch_size)
     total_steps = t.max_steps or t.num_epochs * per_epoch
-    tx = optimization.make_optimizer(o, total_steps, warm_start.warm(config, src))
+    tx = optim.make_optimizer(o, total_steps, warm_start.warm(config, src))
     # The old state is dead once the step returns: donating it lets XLA update the params and
     # both Adam moments in place instead of allocating and copying three tables a step.
     train_step = jax.jit(
-        functools.partial(optimization.train_step, cfg=cfg, tx=tx, **optimization.loss_options(o)),
+        functools.partial(optim.train_step, cfg=cfg, tx=tx, **optim.loss_options(o)),
         donate_argnums=0,
     )
     evaluate = lambda params, split: forward.evaluate(
@@ -96,10 +83,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         )
         tokens_VxD = warm_start.word_vectors(config, data.tokenizer, train.ids) if fresh else None
         init_key, rng = jax.random.split(jax.random.PRNGKey(t.seed))
-        params = optimization.init_params(init_key, cfg, bag_VxC=bag_VxC, tokens_VxD=tokens_VxD)
+        params = optim.init_params(init_key, cfg, bag_VxC=bag_VxC, tokens_VxD=tokens_VxD)
         if src and fresh:
             params = warm_start.encoder_params(src, params)
-        return optimization.state_of(params, tx, rng, ema=o.ema_decay > 0)
+        return optim.state_of(params, tx, rng, ema=o.ema_decay > 0)
 
     def accept() -> None:
         workdirs.write_json(os.path.join(workdir, "config.json"), config.to_dict())
@@ -124,11 +111,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                 bag_ids=train.bag_ids,
                 **batching.options(d),
             ),
-            evaluate=lambda state: evaluate(optimization.eval_params(state), validation),
+            evaluate=lambda state: evaluate(optim.eval_params(state), validation),
             accept=accept,
         )
     )
-    result = evaluate(optimization.eval_params(best_state), test)
+    result = evaluate(optim.eval_params(best_state), test)
     result["step"] = int(best_state["step"])
     result["label_names"] = list(data.label_names)  # as evaluate's files have them
     if primary and t.baseline:
@@ -141,8 +128,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
 def check_config(config: ml_collections.ConfigDict) -> None:
     """The config's own mistakes, before any data is read or anything is printed about it."""
-    optimization.check_optim(config.optim)
-    optimization.check_model(config)
+    optim.check_optim(config.optim)
+    optim.check_model(config)
     if config.optim.bag_init == "naive_bayes" and not config.model.bag_buckets:
         raise UserError("optim.bag_init=naive_bayes needs a bag: set model.bag_buckets > 0")
     if config.data.bag_len and not config.model.bag_buckets:

@@ -17,9 +17,9 @@ import ml_collections
 import numpy as np
 
 from attn import classifier
-from experiments import checkpoints
 from experiments.data import encoding, tokenizers
 from experiments.errors import UserError
+from experiments.training import checkpoints
 
 MIN_FREE_BYTES = 64 << 20
 # What a resumed run may change: where the data is, how long to train, how often to evaluate,

@@ -245,7 +245,7 @@ def saved_state(workdir: str, step: int, which: str = "checkpoints") -> dict:
     process's first device whatever devices saved it."""
     import orbax.checkpoint as ocp
 
-    from experiments import checkpoints
+    from experiments.training import checkpoints
 
     saved = ocp.StandardCheckpointer().metadata(os.path.join(workdir, which, str(step), "state"))
     one = jax.sharding.SingleDeviceSharding(jax.devices()[0])

@@ -135,7 +135,7 @@ def test_bad_bag_fields_are_named(kw, fragment):
 
 
 def test_a_checkpoint_from_before_the_bag_fields_still_resumes():
-    from experiments import checkpoints
+    from experiments.training import checkpoints
 
     cfg = ModelConfig(vocab_size=30)
     meta = checkpoints.new_meta(cfg, ("neg", "pos"), ema=False)

@@ -5,7 +5,7 @@ import random
 
 import numpy as np
 
-from experiments import baseline
+from experiments.training import baseline
 from tests.conftest import run_here
 
 POS, NEG, FILLER = ["good", "great", "fine"], ["bad", "awful", "dull"], ["the", "plot", "cast", "a"]

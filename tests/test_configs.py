@@ -6,7 +6,8 @@ import pytest
 from conftest import ROOT, make_aclimdb, run_here
 
 from attn import classifier
-from experiments import defaults, optimization
+from experiments import defaults
+from experiments.training import optim
 
 VARIANTS = {
     "default": (None, "tiny", "structured", "pretrained"),
@@ -35,8 +36,8 @@ def test_variants_load_and_make_a_valid_model(name, tmp_path):
                 imdb = config.data.dataset == "imdb_reviews"
                 config.data.path = str(tmp_path / "aclImdb" if imdb else reviews)
             config = defaults.resolve(config)
-        optimization.check_optim(config.optim)
-        cfg = optimization.model_config(config, vocab_size=100, num_classes=2)
+        optim.check_optim(config.optim)
+        cfg = optim.model_config(config, vocab_size=100, num_classes=2)
         assert isinstance(cfg, classifier.ModelConfig) and cfg.max_len == config.data.max_len
 
 

@@ -16,7 +16,7 @@ import optax
 import pytest
 
 from attn import classifier
-from experiments import optimization
+from experiments.training import optim
 
 CFG = classifier.ModelConfig(
     vocab_size=40,
@@ -59,14 +59,14 @@ def _batch() -> dict:
     }
 
 
-TX = optimization.make_optimizer(OPTIM, total_steps=100)
-STATE = optimization.init_state(jax.random.PRNGKey(0), CFG, TX)
+TX = optim.make_optimizer(OPTIM, total_steps=100)
+STATE = optim.init_state(jax.random.PRNGKey(0), CFG, TX)
 
 
 @functools.cache
 def _step(adversarial_eps: float):
-    options = {**optimization.loss_options(OPTIM), "adversarial_eps": adversarial_eps}
-    return jax.jit(functools.partial(optimization.train_step, cfg=CFG, tx=TX, **options))
+    options = {**optim.loss_options(OPTIM), "adversarial_eps": adversarial_eps}
+    return jax.jit(functools.partial(optim.train_step, cfg=CFG, tx=TX, **options))
 
 
 def test_one_train_step_gives_the_recorded_loss_and_gradient_norm():

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import accuracy_score, f1_score
 
-from experiments import metrics
+from experiments.training import metrics
 
 
 def _confusion(y_true, y_pred, num_classes):

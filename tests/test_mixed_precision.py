@@ -10,7 +10,6 @@ import pytest
 
 from attn import classifier
 from configs import default
-from experiments import optimization
 
 VOCAB, LENGTH = 48, 24
 POSITIVE, NEGATIVE = range(3, 13), range(13, 23)  # ids 23-47 carry no sentiment; 0-2 reserved
@@ -54,13 +53,9 @@ def _train(dtype: str, steps: int = 150, batch: int = 64):
     """The real train step (AdamW, warmup and cosine decay, the adversarial loss of the default
     config) on the same batches for either dtype -> (final state, per-step losses)."""
     cfg, optim = _config(dtype)
-    tx = optimization.make_optimizer(optim, steps)
-    state = optimization.init_state(jax.random.key(0), cfg, tx)
-    step = jax.jit(
-        functools.partial(
-            optimization.train_step, cfg=cfg, tx=tx, **optimization.loss_options(optim)
-        )
-    )
+    tx = optim.make_optimizer(optim, steps)
+    state = optim.init_state(jax.random.key(0), cfg, tx)
+    step = jax.jit(functools.partial(optim.train_step, cfg=cfg, tx=tx, **optim.loss_options(optim)))
     tokens, labels = _task(steps * batch, seed=1)
     losses = []
     for i in range(steps):

@@ -20,9 +20,10 @@ from conftest import (
     tiny_flags,
 )
 
-from experiments import checkpoints, loop, pretraining, train, warm_start
+from experiments import pretraining, train
 from experiments.data import datasets, tokenizers, unlabeled
 from experiments.errors import UserError
+from experiments.training import checkpoints, loop, warm_start
 
 
 def _best_step(workdir: str) -> int:

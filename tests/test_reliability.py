@@ -26,8 +26,8 @@ from conftest import (
     tree_hash,
 )
 
-from experiments import checkpoints
 from experiments.errors import UserError
+from experiments.training import checkpoints
 
 
 def _signal_when(ready, sig: int, driver: str, argv: list[str], env: dict, log, waiting_for: str):

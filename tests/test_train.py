@@ -17,19 +17,10 @@ from conftest import (
 )
 
 from attn import classifier
-from experiments import (
-    checkpoints,
-    evaluate,
-    forward,
-    metrics,
-    parallel,
-    predict,
-    train,
-    visualize,
-    workdirs,
-)
+from experiments import evaluate, forward, parallel, predict, train, visualize, workdirs
 from experiments.data import batching, encoding, tokenizers
 from experiments.errors import UserError
+from experiments.training import checkpoints, metrics
 
 EVAL_KEYS = {"accuracy", "macro_f1", "loss", "confusion", "num_examples"}
 

@@ -15,7 +15,8 @@ from matplotlib.text import Text
 
 import attn
 from attn import classifier, multihead, scores
-from experiments import attention_page, forward, metrics, plots, step_plots, visualize, workdirs
+from experiments import attention_page, forward, plots, step_plots, visualize, workdirs
+from experiments.training import metrics
 
 TEXTS = ["很好看", "质量太差了，不推荐"]
 WINDOW, PAD_TO, QUERY = 6, 5, 2  # text 1 is padded (3 -> 5 tokens), text 2 cut (9 -> 6)

@@ -17,18 +17,16 @@ import jax
 
 from benchmarks import config_file, timing
 from benchmarks.train_step import stream, train_data
-from experiments import optimization
+from experiments.training import optim
 
 
 def main() -> None:
     config = config_file("default.py")
     cfg, train = train_data(config)
-    tx = optimization.make_optimizer(config.optim, 1000)
-    step = functools.partial(
-        optimization.train_step, cfg=cfg, tx=tx, **optimization.loss_options(config.optim)
-    )
+    tx = optim.make_optimizer(config.optim, 1000)
+    step = functools.partial(optim.train_step, cfg=cfg, tx=tx, **optim.loss_options(config.optim))
     steps = {"plain": jax.jit(step), "donated": jax.jit(step, donate_argnums=0)}
-    states = {k: optimization.init_state(jax.random.key(0), cfg, tx) for k in steps}
+    states = {k: optim.init_state(jax.random.key(0), cfg, tx) for k in steps}
 
     def run(name: str, batch: dict):
         # A donated state is gone after the call: every call continues from the state it returned.

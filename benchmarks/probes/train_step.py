@@ -21,7 +21,7 @@ from attn import classifier
 from benchmarks import config_file, flax_twin
 from benchmarks import train_step as bench
 from benchmarks.timing import time_interleaved
-from experiments import optimization
+from experiments.training import optim
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "tx"))
@@ -29,7 +29,7 @@ def step_without_grad_norm(state, batch, *, cfg, tx):
     rng = jax.random.fold_in(state["rng"], state["step"])
 
     def loss_fn(p):
-        loss, m, _ = optimization.loss_and_metrics(
+        loss, m, _ = optim.loss_and_metrics(
             p, batch, cfg, label_smoothing=0.0, penalty_weight=0.1, train=True, rng=rng
         )
         return loss, m
@@ -74,8 +74,8 @@ def main(length: int, repeats: int) -> None:
     for name, t in medians(runs, repeats).items():
         print(f"L={length} grad of logits.sum(), {name:22s} {t * 1e3:7.2f} ms")
 
-    tx = optimization.make_optimizer(config.optim, 1000)
-    so, sf = optimization.init_state(key, cfg0, tx), flax_twin.init_state(key, cfg0, tx, length)
+    tx = optim.make_optimizer(config.optim, 1000)
+    so, sf = optim.init_state(key, cfg0, tx), flax_twin.init_state(key, cfg0, tx, length)
     ours_step = bench.plain_step(cfg0, tx, config.optim)
     flax_step = jax.jit(
         functools.partial(flax_twin.train_step, cfg=cfg0, tx=tx, penalty_weight=0.1)

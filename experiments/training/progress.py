@@ -12,8 +12,9 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from experiments import metrics, parallel
+from experiments import parallel
 from experiments.errors import UserError
+from experiments.training import metrics
 
 _END = object()
 

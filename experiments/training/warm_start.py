@@ -20,9 +20,10 @@ import ml_collections
 import numpy as np
 
 from attn import classifier
-from experiments import checkpoints, parallel, workdirs
+from experiments import parallel, workdirs
 from experiments.data import tokenizers, vectors
 from experiments.errors import UserError
+from experiments.training import checkpoints
 
 ENCODER = ("embed", "final_ln")  # and every "layer_<i>"
 TOKENS = ["embed", "tokens"]  # the path of the token embedding table

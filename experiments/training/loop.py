@@ -21,10 +21,11 @@ import jax.numpy as jnp
 import ml_collections
 from jax.experimental import multihost_utils
 
-from experiments import checkpoints, metrics, parallel, progress
-from experiments.checkpoints import BEST, LAST
+from experiments import parallel
 from experiments.data import batching
 from experiments.errors import UserError
+from experiments.training import checkpoints, metrics, progress
+from experiments.training.checkpoints import BEST, LAST
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,8 +24,9 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from attn import classifier
-from experiments import metrics, parallel
+from experiments import parallel
 from experiments.errors import UserError
+from experiments.training import metrics
 
 LAST, BEST = "checkpoints", "best"
 CLASSIFIER, MASKED_LM = "classifier", "masked_lm"  # what a run trains: meta["objective"]
