@@ -8,7 +8,7 @@ import ml_collections
 import numpy as np
 
 from benchmarks import config_file, timing
-from experiments import defaults, predict, train, workdirs
+from experiments import defaults, predict, serving, train
 from experiments.data import batching, datasets
 from experiments.training import baseline, metrics
 
@@ -70,7 +70,7 @@ def tfidf_baseline(
 
 def short_reviews(workdir: str) -> dict:
     """The trained model's answers on SHORT_REVIEWS: accuracy and the texts it gets wrong."""
-    trained = workdirs.load(workdir)
+    trained = serving.load(workdir)
     wrong = []
     for label, texts in SHORT_REVIEWS.items():
         for text in texts:

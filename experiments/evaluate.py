@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from absl import flags
 
-from experiments import cli, forward, parallel, workdirs
+from experiments import cli, forward, parallel, serving, workdirs
 from experiments.data import datasets, encoding, user_files
 from experiments.data.splits import SPLITS
 from experiments.errors import UserError
@@ -31,7 +31,7 @@ _FLAGS = user_files.Flags("--path", "--text_field", "--label_field")  # named in
 
 def evaluate_workdir(workdir: str, split: str, which: str = checkpoints.BEST) -> dict:
     """Evaluates the workdir's `which` checkpoint on `split` and writes `result_file`."""
-    trained = workdirs.load(workdir, which)
+    trained = serving.load(workdir, which)
     data = encoding.load(
         trained.config.data,
         (split,),
@@ -55,7 +55,7 @@ def evaluate_file(
 ) -> dict:
     """Evaluates the workdir's `which` checkpoint on every row of the labelled file or folder at
     `path` and writes `result_file` (see the module docstring)."""
-    trained = workdirs.load(workdir, which)
+    trained = serving.load(workdir, which)
     d = trained.config.data
     options = datasets.file_options(d) | {"label_names": trained.label_names}
     options["text_field"] = text_field or options["text_field"]
@@ -78,7 +78,7 @@ def result_file(
     return os.path.join(workdir, f"evaluate_{name}{suffix}.json")
 
 
-def _evaluate(trained: workdirs.Trained, s: encoding.Split, out: str, **about: str) -> dict:
+def _evaluate(trained: serving.Trained, s: encoding.Split, out: str, **about: str) -> dict:
     dp = parallel.data_parallel(trained.config.data)
     params = parallel.replicate(trained.params, dp)
     result = forward.evaluate(

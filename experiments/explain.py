@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attn import classifier, importance
-from experiments import workdirs
+from experiments import serving
 from experiments.data import batching, encoding
 from experiments.data.tokenizers import CLS, PAD
 
@@ -24,7 +24,7 @@ HEADER = (
 )
 
 
-def bag_source(trained: workdirs.Trained, text: str) -> np.ndarray | None:
+def bag_source(trained: serving.Trained, text: str) -> np.ndarray | None:
     """int32 [m]: the attention position of each token the bag reads of `text`, -1 for those only
     the bag reads; None when the bag reads what attention reads. Both cuts are made of the token
     indices themselves, so they line up exactly."""
@@ -58,15 +58,15 @@ def _probability_without(params, tokens_1xL, top_NxL, bag, c_1, *, cfg: classifi
     return importance.probabilities(params, erased, cfg, erased_bag)[:, c_1[0]]
 
 
-def explain(trained: workdirs.Trained, text: str, top: int = 5) -> dict:
+def explain(trained: serving.Trained, text: str, top: int = 5) -> dict:
     """{"attention": [[token, weight], ...] (None for a model without attention),
     "leave_one_out": [[token, probability drop], ...], each its `top` tokens; "removed": the
     number of tokens erased (REMOVED, or all of a shorter text's); "probability": the predicted
     class's; "without_attended" (None without attention) and "without_leave_one_out": the
     probability with that many top tokens erased}."""
     data = trained.config.data
-    ids_L = workdirs.encode(trained, text)
-    bag_M = workdirs.encode_bag(trained, text)
+    ids_L = serving.encode(trained, text)
+    bag_M = serving.encode_bag(trained, text)
     tokens = trained.tokenizer.tokens(ids_L.tolist())
     # Padded to the batches' lengths, which changes no score: one compile per bucket, not per text.
     tokens_1xL = _padded(ids_L, batching.bucket_sizes(data.buckets, data.max_len), PAD)

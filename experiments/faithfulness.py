@@ -36,7 +36,7 @@ from absl import flags  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from attn import importance  # noqa: E402
-from experiments import cli, explain, workdirs  # noqa: E402
+from experiments import cli, explain, serving, workdirs  # noqa: E402
 from experiments.data import batching, encoding  # noqa: E402
 from experiments.data.splits import SPLITS  # noqa: E402
 from experiments.data.tokenizers import CLS, PAD  # noqa: E402
@@ -75,7 +75,7 @@ def faithfulness(workdir: str, split: str = "test", limit: int | None = None) ->
     if limit is not None and limit < 1:
         raise UserError(f"--limit must be at least 1, got {limit}")
     start = time.perf_counter()
-    trained = workdirs.load(workdir)
+    trained = serving.load(workdir)
     cfg, data = trained.cfg, trained.config.data
     add_cls = cfg.pooling == "cls"
     encoded = encoding.load(data, (split,), add_cls=add_cls, tokenizer=trained.tokenizer)

@@ -29,24 +29,24 @@ import sys
 import numpy as np
 from absl import flags
 
-from experiments import cli, explain, forward, workdirs
+from experiments import cli, explain, forward, serving
 from experiments.errors import UserError
 
 HEADER = "label\tprobability\tmost-attended tokens (attention received)"
 UNKNOWN = "unknown"
 
 
-def predict_one(trained: workdirs.Trained, text: str, top: int) -> dict:
+def predict_one(trained: serving.Trained, text: str, top: int) -> dict:
     """Label, its probability and the `top` most-attended tokens of one text; label None and
     probability None when the text has no token in the vocabulary; `note` when the answer reads
     less than it seems (see the module docstring)."""
-    ids_L = workdirs.encode(trained, text)
-    r = workdirs.reading(trained, text, ids_L)
+    ids_L = serving.encode(trained, text)
+    r = serving.reading(trained, text, ids_L)
     about = {"num_tokens": len(ids_L), "text_tokens": r.text_tokens, "known_tokens": r.known_tokens}
     about |= {"note": "; ".join(r.notes)} if r.notes else {}
     if not r.known_tokens:
         return {"label": None, "probability": None, "top_tokens": [], **about}
-    result = forward.analyse(trained.params, trained.cfg, ids_L, workdirs.encode_bag(trained, text))
+    result = forward.analyse(trained.params, trained.cfg, ids_L, serving.encode_bag(trained, text))
     probs_C, received_L = result["probs"], result["received"]
     order = np.argsort(-received_L, kind="stable")[:top]
     tokens = trained.tokenizer.tokens(ids_L.tolist())
@@ -103,7 +103,7 @@ def main(fv: flags.FlagValues, argv: list[str]) -> int:
     texts = argv[1:] or read_stdin_lines()
     if not texts:
         raise UserError("no text given: pass texts as arguments or one per line on stdin")
-    trained = workdirs.load(fv.workdir)
+    trained = serving.load(fv.workdir)
     print(f"answering from {trained.source}", file=sys.stderr)
     if not fv.json:
         print(HEADER + (explain.HEADER if fv.explain else ""))

@@ -28,7 +28,7 @@ import numpy as np
 from absl import flags
 
 from attn import classifier
-from experiments import attention_page, cli, explain, forward, plots, step_plots, workdirs
+from experiments import attention_page, cli, explain, forward, plots, serving, step_plots
 from experiments.errors import UserError
 
 # Everything visualize writes into OUT: an existing OUT holding anything else is not replaced.
@@ -55,18 +55,18 @@ def visualize(
     layer `layer`, head `head`, on the text's first `window` tokens run alone, padded with PAD
     to `pad_to` tokens when that is longer (padding is what masked keys look like).
     """
-    trained = workdirs.load(workdir)
+    trained = serving.load(workdir)
     cfg = trained.cfg
     _check_choice(cfg, layer=layer, head=head, window=window, pad_to=pad_to, max_tokens=max_tokens)
     _check_out(out)
     encoded, bags, notes = [], [], []  # every text is checked before anything is written
     for n, text in enumerate(texts, 1):
         try:
-            encoded.append(workdirs.encode(trained, text))
-            bags.append(workdirs.encode_bag(trained, text))
+            encoded.append(serving.encode(trained, text))
+            bags.append(serving.encode_bag(trained, text))
         except UserError as e:
             raise UserError(f"text {n}: {e}") from None
-        notes.append("; ".join(workdirs.reading(trained, text, encoded[-1]).notes))
+        notes.append("; ".join(serving.reading(trained, text, encoded[-1]).notes))
     drawn = [_window(ids_L, window, pad_to) for ids_L in encoded]
     for n, ids_L in enumerate(drawn if steps else drawn[:1], 1):
         if not 0 <= query < len(ids_L):
@@ -154,7 +154,7 @@ def _x_title(cfg: classifier.ModelConfig, layer: int) -> str:
 
 
 def _draw(
-    trained: workdirs.Trained,
+    trained: serving.Trained,
     texts: list[str],
     encoded: list[np.ndarray],
     bags: list[np.ndarray | None],

@@ -14,7 +14,7 @@ import textwrap
 import pytest
 from conftest import ROOT, assert_one_line_error, run, run_here, tiny_flags, tree_hash
 
-from experiments import evaluate, predict, workdirs
+from experiments import evaluate, predict, serving, workdirs
 from experiments.data import datasets
 
 
@@ -111,7 +111,7 @@ def test_evaluate_on_a_labelled_file_matches_the_split_it_holds(trained_copy, tm
 def test_an_answer_that_reads_less_than_it_seems_says_so(trained_copy, capsys):
     """A text cut to max_len (64 here) and one mostly outside the vocabulary each get a note: in
     predict's JSON and on stderr, with stdout still one line per text, and in visualize."""
-    trained = workdirs.load(trained_copy)
+    trained = serving.load(trained_copy)
     half, mostly, long = "好看𓀀𓀀", "好𓀀𓀀𓀀", "好" * 300  # 𓀀 is outside the vocabulary
     assert "note" not in predict.predict_one(trained, half, top=3)  # half unknown: no note
     p = predict.predict_one(trained, mostly, top=3)
@@ -148,19 +148,19 @@ def test_an_answer_that_reads_less_than_it_seems_says_so(trained_copy, capsys):
 
 
 def test_a_cut_note_names_the_tail_and_what_the_bag_read(trained_copy):
-    trained = workdirs.load(trained_copy)
+    trained = serving.load(trained_copy)
     config = workdirs.read_config(os.path.join(trained_copy, "config.json"))
     config.data.tail_len, config.data.bag_len = 48, 256
     with_tail = dataclasses.replace(trained, config=config)
-    ids = workdirs.encode(with_tail, "好" * 300)
-    assert workdirs.reading(with_tail, "好" * 300, ids).notes == [
+    ids = serving.encode(with_tail, "好" * 300)
+    assert serving.reading(with_tail, "好" * 300, ids).notes == [
         "read the first 16 and last 48 of 300 tokens"
     ]
     with_bag = dataclasses.replace(with_tail, cfg=dataclasses.replace(trained.cfg, bag_buckets=64))
-    assert workdirs.reading(with_bag, "好" * 300, ids).notes == [
+    assert serving.reading(with_bag, "好" * 300, ids).notes == [
         "read the first 16 and last 48 of 300 tokens (its bag: the first 64 and last 192)"
     ]
-    assert workdirs.reading(with_bag, "好" * 200, ids).notes == [
+    assert serving.reading(with_bag, "好" * 200, ids).notes == [
         "read the first 16 and last 48 of 200 tokens (its bag: all)"
     ]
 

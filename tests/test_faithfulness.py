@@ -14,7 +14,7 @@ import scipy.stats
 from conftest import assert_one_line_error, run_here, tiny_config, tree_hash
 
 from attn import importance
-from experiments import explain, faithfulness, forward, train, visualize, workdirs
+from experiments import explain, faithfulness, forward, serving, train, visualize
 from experiments.data import encoding, tokenizers
 
 LIMIT = 48
@@ -84,7 +84,7 @@ def test_leave_one_out_is_the_best_single_token_erasure(measured):
 
 
 def test_per_text_scores_are_the_library_functions(trained):
-    loaded = workdirs.load(trained)
+    loaded = serving.load(trained)
     cfg = loaded.cfg
     ids = encoding.load(loaded.config.data, ("test",), add_cls=False, tokenizer=loaded.tokenizer)
     ids = ids.splits["test"].ids[:3]
@@ -126,10 +126,10 @@ def test_a_model_without_attention_gets_the_other_methods(bagged, capsys):
 
 
 def test_the_bag_loses_exactly_the_erased_tokens(bagged):
-    loaded = workdirs.load(bagged)
+    loaded = serving.load(bagged)
     long_text = "这家酒店" * 30 + "服务很差，不推荐"  # cut for attention, read longer by the bag
-    ids_L = workdirs.encode(loaded, long_text)
-    bag_M = workdirs.encode_bag(loaded, long_text)
+    ids_L = serving.encode(loaded, long_text)
+    bag_M = serving.encode_bag(loaded, long_text)
     source_M = explain.bag_source(loaded, long_text)
     assert len(ids_L) == 64 and len(bag_M) == 128 and ids_L[0] == tokenizers.CLS
     inside = source_M >= 0
@@ -155,7 +155,7 @@ def _fake_trained(max_len: int, tail_len: int, bag_len: int, cls: bool):
 @pytest.mark.parametrize("text", ["abc", "abcdefghij" * 3, "abcdefghij" * 9])
 def test_bag_source_lines_up_with_both_cuts(text, cls):
     t = _fake_trained(max_len=12, tail_len=4, bag_len=48, cls=cls)
-    ids_L, bag_M = workdirs.encode(t, text), workdirs.encode_bag(t, text)
+    ids_L, bag_M = serving.encode(t, text), serving.encode_bag(t, text)
     source_M = explain.bag_source(t, text)
     assert len(source_M) == len(bag_M)
     inside = source_M >= 0
@@ -218,8 +218,8 @@ def test_predict_explain_adds_the_erasure_test(trained, capsys):
     assert [t for t, _ in e["attention"]] == [t for t, _ in p["top_tokens"]]  # the same ranking
     assert e["probability"] == pytest.approx(p["probability"], abs=1e-6)
     # By hand: erase the 3 most-attended tokens, run the model again.
-    loaded = workdirs.load(trained)
-    ids_L = workdirs.encode(loaded, "质量很好，很满意")
+    loaded = serving.load(trained)
+    ids_L = serving.encode(loaded, "质量很好，很满意")
     received = forward.analyse(loaded.params, loaded.cfg, ids_L, None)["received"]
     erased = ids_L.copy()
     erased[np.argsort(-received, kind="stable")[: e["removed"]]] = tokenizers.PAD
@@ -242,7 +242,7 @@ def test_the_page_shows_both_rankings_side_by_side(trained_copy):
     out = os.path.join(trained_copy, "vis")
     visualize.visualize(trained_copy, ["质量很好，很满意"], out)
     page = open(os.path.join(out, "attention.html"), encoding="utf-8").read()
-    e = explain.explain(workdirs.load(trained_copy), "质量很好，很满意")
+    e = explain.explain(serving.load(trained_copy), "质量很好，很满意")
     assert "<th>attention (weight)</th><th>leave-one-out (drop)</th>" in page
     assert f"<b>{e['without_attended']:.3f}</b>" in page
     assert f"<b>{e['without_leave_one_out']:.3f}</b>" in page

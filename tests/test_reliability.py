@@ -316,9 +316,9 @@ TEXTS = {
 
 @pytest.fixture(scope="module")
 def loaded(trained):
-    from experiments import workdirs
+    from experiments import serving
 
-    return workdirs.load(trained)
+    return serving.load(trained)
 
 
 @pytest.mark.parametrize("case", TEXTS)

@@ -17,7 +17,7 @@ from conftest import (
 )
 
 from attn import classifier
-from experiments import evaluate, forward, parallel, predict, train, visualize, workdirs
+from experiments import evaluate, forward, parallel, predict, serving, train, visualize, workdirs
 from experiments.data import batching, encoding, tokenizers
 from experiments.errors import UserError
 from experiments.training import checkpoints, metrics
@@ -48,14 +48,14 @@ def test_predict_cuts_long_texts_as_training_did(trained_copy):
     config_path = os.path.join(trained_copy, "config.json")
     config = workdirs.read_json(config_path)
     assert "tail_len" in config["data"]
-    head = workdirs.encode(workdirs.load(trained_copy), text)
+    head = serving.encode(serving.load(trained_copy), text)
     del config["data"]["tail_len"]  # a workdir from before the field: the start only
     workdirs.write_json(config_path, config)
-    np.testing.assert_array_equal(workdirs.encode(workdirs.load(trained_copy), text), head)
+    np.testing.assert_array_equal(serving.encode(serving.load(trained_copy), text), head)
     config["data"]["tail_len"] = 5
     workdirs.write_json(config_path, config)
-    trained = workdirs.load(trained_copy)
-    ids = workdirs.encode(trained, text)
+    trained = serving.load(trained_copy)
+    ids = serving.encode(trained, text)
     assert len(ids) == len(head) == trained.cfg.max_len
     np.testing.assert_array_equal(ids[-5:], trained.tokenizer.encode("质量太差了"))
     np.testing.assert_array_equal(ids[:-5], head[:-5])
@@ -71,7 +71,7 @@ def test_evaluate_predict_visualize(trained_copy, tmp_path):
     best = max(r["accuracy"] for r in metric_rows(trained_copy) if r["split"] == "validation")
     assert result["accuracy"] == pytest.approx(best, abs=1e-6)
 
-    trained = workdirs.load(trained_copy)
+    trained = serving.load(trained_copy)
     (best_step,) = os.listdir(os.path.join(trained_copy, "best"))
     assert trained.step == int(best_step)
     assert_trees_equal(trained.params, saved_state(trained_copy, int(best_step), "best")["params"])
@@ -211,7 +211,7 @@ def test_weight_average_is_what_evaluate_and_predict_use(tfds_dir, tmp_path):
     train.train_and_evaluate(tiny_config(tfds_dir, optim__ema_decay=0.9), workdir)
     best_step = int(os.listdir(os.path.join(workdir, "best"))[0])
     state = saved_state(workdir, best_step, which="best")
-    loaded = workdirs.load(workdir)
+    loaded = serving.load(workdir)
     assert_trees_equal(loaded.params, state["ema"])
     gap = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), state["ema"], state["params"])
     assert max(jax.tree.leaves(gap)) > 0  # the average really differs from the last weights
@@ -259,7 +259,7 @@ def test_the_bag_can_start_from_naive_bayes_counts_of_the_training_split(
         data__bag_len=bag_len,  # 128: the counts include characters beyond max_len (64)
     )
     train.train_and_evaluate(config, workdir)
-    loaded = workdirs.load(workdir)
+    loaded = serving.load(workdir)
     start = np.asarray(saved_state(workdir, 1)["params"]["bag"])
     np.testing.assert_allclose(start, _naive_bayes_reference(workdir, loaded.cfg), atol=1e-5)
     assert np.abs(start).max() > 0.1
@@ -291,7 +291,7 @@ def test_a_bag_that_reads_more_is_read_alike_by_training_evaluate_and_predict(tf
     train.train_and_evaluate(config, workdir)
     best = max(r["accuracy"] for r in metric_rows(workdir) if r["split"] == "validation")
     assert evaluate.evaluate_workdir(workdir, "validation")["accuracy"] == pytest.approx(best)
-    loaded = workdirs.load(workdir)
+    loaded = serving.load(workdir)
     d = loaded.config.data
     split = encoding.load(d, ("validation",), add_cls=False, tokenizer=loaded.tokenizer)
     s = split.splits["validation"]

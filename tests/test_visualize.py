@@ -15,7 +15,7 @@ from matplotlib.text import Text
 
 import attn
 from attn import classifier, multihead, scores
-from experiments import attention_page, forward, plots, step_plots, visualize, workdirs
+from experiments import attention_page, forward, plots, serving, step_plots, visualize
 from experiments.training import metrics
 
 TEXTS = ["很好看", "质量太差了，不推荐"]
@@ -51,9 +51,9 @@ def drawn(trained, tmp_path_factory) -> dict:
     return {"workdir": workdir, "out": out, "written": written, "figures": figures, "pages": pages}
 
 
-def _view_ids(trained: workdirs.Trained, text: str) -> np.ndarray:
+def _view_ids(trained: serving.Trained, text: str) -> np.ndarray:
     """The ids the steps are drawn on: the first WINDOW tokens, padded to PAD_TO."""
-    ids_L = workdirs.encode(trained, text)[:WINDOW]
+    ids_L = serving.encode(trained, text)[:WINDOW]
     return np.concatenate([ids_L, np.zeros(max(PAD_TO - len(ids_L), 0), ids_L.dtype)])
 
 
@@ -81,7 +81,7 @@ def test_steps_files_are_written_with_their_names(drawn):
 
 
 def test_drawn_steps_recombine_and_are_the_model_attention(drawn, trained):
-    loaded = workdirs.load(trained)
+    loaded = serving.load(trained)
     cfg = loaded.cfg
     d_head = cfg.d_model // cfg.num_heads
     cols = slice(d_head, 2 * d_head)  # head 1
@@ -289,7 +289,7 @@ def test_steps_figure_labels_do_not_overlap_at_the_default_window(tmp_path, monk
 
 def test_curves_mark_the_checkpoint_training_kept(trained, tmp_path):
     step, accuracy = plots.best_validation(metrics.read(trained))
-    assert step == workdirs.load(trained).step
+    assert step == serving.load(trained).step
     assert accuracy == max(
         r["accuracy"] for r in metrics.read(trained) if r["split"] == "validation"
     )

@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 
 from attn import classifier
-from experiments import parallel, workdirs
+from experiments import parallel, serving, workdirs
 from experiments.data import tokenizers, vectors
 from experiments.errors import UserError
 from experiments.training import checkpoints
@@ -81,7 +81,7 @@ def source(workdir: str) -> Source:
         raise UserError(f"{named} holds no checkpoint yet; let its run save one first")
     with checkpoints.reader(workdir, which) as mngr:
         meta = checkpoints.read_meta(mngr, step)
-    cfg = workdirs.model_config(meta, f"{named}, checkpoint {step}")
+    cfg = serving.model_config(meta, f"{named}, checkpoint {step}")
     tok = tokenizers.load_tokenizer(workdir)
     served = "ema" if meta.get("ema", False) else "params"
     return Source(workdir, config, cfg, tok, which, step, served)
@@ -132,7 +132,7 @@ def check_encoder(cfg: classifier.ModelConfig, src: Source) -> None:
 
 def encoder_params(src: Source, params: dict) -> dict:
     """`params` (a fresh classifier's) with the source's encoder in place of their own."""
-    shapes = jax.eval_shape(lambda key: classifier.init(key, src.cfg), workdirs.KEY)
+    shapes = jax.eval_shape(lambda key: classifier.init(key, src.cfg), serving.KEY)
     target = {src.served: {k: v for k, v in shapes.items() if is_encoder(k)}}
     with checkpoints.reader(src.workdir, src.which) as mngr:
         state, _ = checkpoints.restore(mngr, src.step, target, partial=True)

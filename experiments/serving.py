@@ -1,0 +1,171 @@
+"""A trained run, served: its config, tokenizer, model config and the weights to serve (loaded
+from a workdir for evaluate, predict, visualize and faithfulness), a user text encoded as training
+encoded texts, and what the model reads of it.
+"""
+
+import dataclasses
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from attn import classifier
+from experiments import workdirs
+from experiments.data import encoding, tokenizers
+from experiments.errors import UserError
+from experiments.training import checkpoints
+
+# Shapes only: init runs under jax.eval_shape. Not a key made at import, which would start JAX's
+# backend before a process of several can join the others.
+KEY = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Trained:
+    config: ml_collections.ConfigDict
+    cfg: classifier.ModelConfig
+    params: Any  # the weight average when the run kept one
+    tokenizer: tokenizers.Tokenizer
+    label_names: tuple[str, ...]
+    step: int
+    source: str  # which checkpoint this is, for the user: see `_describe`
+
+
+def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
+    """All that evaluate, predict and visualize need; UserError when the workdir lacks it.
+
+    Only the weights are read: no optimizer or train state is built.
+    """
+    if not os.path.isdir(workdir):
+        raise UserError(f"workdir {workdir!r} does not exist; train first with experiments.train")
+    config_path = os.path.join(workdir, "config.json")
+    if not os.path.exists(config_path):
+        raise UserError(f"{workdir!r} has no config.json; is it a training workdir?")
+    config = workdirs.read_config(config_path)
+    step = checkpoints.latest_step(workdir, which)
+    if step is None and which == checkpoints.BEST:  # a run stopped before its first evaluation
+        which = checkpoints.LAST
+        step = checkpoints.latest_step(workdir, which)
+    if step is None:
+        raise UserError(f"{workdir!r} holds no checkpoint yet; train (or resume) first")
+    with checkpoints.reader(workdir, which) as mngr:
+        meta = checkpoints.read_meta(mngr, step)
+        if meta.get("objective") == checkpoints.MASKED_LM:
+            raise UserError(
+                f"{workdir!r} is a pretraining workdir: it predicts hidden tokens, not labels; "
+                f"fine-tune it first with experiments.train --config.model.init_from={workdir}"
+            )
+        cfg = model_config(meta, f"checkpoint {step} in {workdir!r}")
+        tok = tokenizers.load_tokenizer(workdir)
+        if tok.vocab_size != cfg.vocab_size:
+            raise UserError(
+                f"vocabulary in {workdir!r} has {tok.vocab_size} ids but the checkpoint expects "
+                f"{cfg.vocab_size}; the workdir is inconsistent"
+            )
+        # Only the weights to serve: the weight average when the run kept one.
+        served = "ema" if meta.get("ema", False) else "params"
+        target = {served: jax.eval_shape(lambda key: classifier.init(key, cfg), KEY)}
+        state, _ = checkpoints.restore(mngr, step, target, partial=True)
+    source = _describe(workdir, which, step, meta)
+    return Trained(config, cfg, state[served], tok, tuple(meta["label_names"]), step, source)
+
+
+def _describe(workdir: str, which: str, step: int, meta: dict) -> str:
+    """E.g. "the best checkpoint (step 60, validation accuracy 0.8125) of runs/x; training has not
+    finished (last checkpoint: step 100)": a half-trained workdir answers, but says so."""
+    if which == checkpoints.BEST:
+        what = f"the best checkpoint (step {step}, validation accuracy "
+        what += f"{meta['best_val_accuracy']:.4f})"
+    else:
+        what = f"the last checkpoint (step {step})"
+    what += f" of {workdir}"
+    if not os.path.exists(os.path.join(workdir, "eval_test.json")):  # written when training ends
+        last = checkpoints.latest_step(workdir, checkpoints.LAST)
+        what += "; training has not finished"
+        what += f" (last checkpoint: step {last})" if last is not None else ""
+    return what
+
+
+def encode(trained: Trained, text: str) -> np.ndarray:
+    """Token ids of one user text as the model saw texts in training (truncation, CLS)."""
+    return encoding.encode(
+        trained.tokenizer,
+        [encoding.check_text(text)],
+        max_len=trained.cfg.max_len,
+        add_cls=trained.cfg.pooling == "cls",
+        tail_len=trained.config.data.tail_len,
+    )[0]
+
+
+def encode_bag(trained: Trained, text: str) -> np.ndarray | None:
+    """What the model's bag reads of one user text, when it reads more than `encode` gives."""
+    raw = [trained.tokenizer.encode(encoding.check_text(text))]
+    bags = encoding.bag_cut(raw, trained.config.data, trained.cfg.pooling == "cls")
+    return None if bags is None else bags[0]
+
+
+NO_KNOWN_TOKENS = (
+    "no known tokens: every token of the text but whitespace is outside the vocabulary"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Reading:
+    """What the model reads of one text, for whoever reads its answer."""
+
+    text_tokens: int  # tokens of the whole text (CLS not counted)
+    known_tokens: int  # of those read: in the vocabulary, neither whitespace nor PAD/UNK/CLS
+    notes: list[str]  # when the answer reads less than it seems: mostly unknown tokens, a cut
+
+
+def reading(trained: Trained, text: str, ids_L: np.ndarray) -> Reading:
+    """`ids_L` is `encode(trained, text)`. A note says what was read of a text cut to max_len,
+    and that most (or all) of what was read is outside the vocabulary: an answer resting on
+    few tokens, or on none."""
+    tokens = trained.tokenizer.tokens(ids_L.tolist())
+    # PAD, UNK and CLS say nothing about the text, and neither do spaces between unknown words.
+    known = sum(
+        int(i) > tokenizers.CLS and bool(t.strip()) for i, t in zip(ids_L, tokens, strict=True)
+    )
+    unknown = int(np.sum(ids_L == tokenizers.UNK))
+    notes = []
+    if not known:
+        notes.append(NO_KNOWN_TOKENS)
+    elif unknown > known:
+        notes.append(
+            f"mostly unknown: {unknown} of {known + unknown} tokens read are outside the "
+            f"vocabulary, so the answer rests on the other {known}"
+        )
+    whole = len(trained.tokenizer.encode(encoding.check_text(text)))
+    add_cls = trained.cfg.pooling == "cls"
+    data = trained.config.data
+    if whole > trained.cfg.max_len - add_cls:
+        note = f"read {_part_read(trained.cfg.max_len - add_cls, data.tail_len)} of {whole} tokens"
+        if trained.cfg.bag_buckets and data.bag_len:  # the bag reads more than attention does
+            bag = encoding.bag_window(data, add_cls)
+            bag_keep = bag["max_len"] - add_cls
+            bag_read = "all" if whole <= bag_keep else _part_read(bag_keep, bag["tail_len"])
+            note += f" (its bag: {bag_read})"
+        notes.append(note)
+    return Reading(whole, known, notes)
+
+
+def _part_read(keep: int, tail_len: int) -> str:
+    """What `encoding.cut` keeps of a longer text, in words."""
+    head = keep - tail_len
+    if not tail_len:
+        return f"the first {head}"
+    return f"the first {head} and last {tail_len}" if head else f"the last {tail_len}"
+
+
+def model_config(meta: dict, where: str) -> classifier.ModelConfig:
+    """The model config a checkpoint's meta records; UserError (naming `where`) if unusable."""
+    try:
+        model = meta["model"]
+        return classifier.ModelConfig(
+            **{**model, "ngram_orders": tuple(model.get("ngram_orders", ()))}
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"{where} has an unusable model config: {e}") from None
