@@ -29,8 +29,9 @@ import sys
 import numpy as np
 from absl import flags
 
-from experiments import cli, explain, forward, serving
+from experiments import cli, forward, serving
 from experiments.errors import UserError
+from experiments.explain import ranking
 
 HEADER = "label\tprobability\tmost-attended tokens (attention received)"
 UNKNOWN = "unknown"
@@ -106,20 +107,20 @@ def main(fv: flags.FlagValues, argv: list[str]) -> int:
     trained = serving.load(fv.workdir)
     print(f"answering from {trained.source}", file=sys.stderr)
     if not fv.json:
-        print(HEADER + (explain.HEADER if fv.explain else ""))
+        print(HEADER + (ranking.HEADER if fv.explain else ""))
     failed = 0
     for n, text in enumerate(texts, 1):
         try:
             p = predict_one(trained, text, fv.top)
             if fv.explain and p["label"] is not None:
-                p["explain"] = explain.explain(trained, text, fv.top)
+                p["explain"] = ranking.explain(trained, text, fv.top)
         except UserError as e:
             failed += 1
             print(f"error: text {n}: {e}", file=sys.stderr)
             p = {"error": str(e)}
         if p.get("label") and "note" in p:  # an unknown's note is its line on stdout
             print(f"note: text {n}: {p['note']}", file=sys.stderr)
-        line = format_line(p) + (explain.columns(p) if fv.explain else "")
+        line = format_line(p) + (ranking.columns(p) if fv.explain else "")
         print(json.dumps(p, ensure_ascii=False) if fv.json else line, flush=True)
     return 2 if failed else 0
 

@@ -19,9 +19,10 @@ import numpy as np
 import optax
 
 from attn import classifier, masked_lm
-from experiments import defaults, parallel, plots, workdirs
+from experiments import defaults, parallel, workdirs
 from experiments.data import batching, encoding, unlabeled
 from experiments.errors import UserError
+from experiments.explain import plots
 from experiments.training import checkpoints, loop, optim, warm_start
 
 HEAD = "mlm"

@@ -21,10 +21,11 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import cli, defaults, forward, parallel, plots, pretraining, workdirs
+from experiments import cli, defaults, forward, parallel, pretraining, workdirs
 from experiments.data import batching, encoding
 from experiments.data.splits import SPLITS
 from experiments.errors import UserError
+from experiments.explain import plots
 from experiments.training import bag_prior, baseline, checkpoints, loop, optim, warm_start
 
 

@@ -28,8 +28,9 @@ import numpy as np
 from absl import flags
 
 from attn import classifier
-from experiments import attention_page, cli, explain, forward, plots, serving, step_plots
+from experiments import cli, forward, serving
 from experiments.errors import UserError
+from experiments.explain import page, plots, ranking, step_plots
 
 # Everything visualize writes into OUT: an existing OUT holding anything else is not replaced.
 _OUTPUTS = re.compile(r"attention\.html|text\d+_(steps_)?layer\d+_head\d+\.png")
@@ -180,7 +181,7 @@ def _draw(
         tokens = trained.tokenizer.tokens(ids_L.tolist())
         label = trained.label_names[int(result["probs"].argmax())]
         caption = f"text {n}: {label} ({result['probs'].max():.2f})"
-        checked = explain.explain(trained, texts[n - 1])
+        checked = ranking.explain(trained, texts[n - 1])
         rows.append(
             (f"{caption} ({note})" if note else caption, tokens, result["received"], checked)
         )
@@ -221,7 +222,7 @@ def _draw(
     else:
         meaning = "the attention it receives in the last layer, averaged over queries and heads"
     names.append("attention.html")
-    attention_page.write(
+    page.write(
         os.path.join(out, names[-1]),
         rows,
         shade_meaning=meaning,

@@ -14,8 +14,9 @@ import scipy.stats
 from conftest import assert_one_line_error, run_here, tiny_config, tree_hash
 
 from attn import importance
-from experiments import explain, faithfulness, forward, serving, train, visualize
+from experiments import forward, serving, train, visualize
 from experiments.data import encoding, tokenizers
+from experiments.explain import faithfulness, ranking
 
 LIMIT = 48
 
@@ -130,7 +131,7 @@ def test_the_bag_loses_exactly_the_erased_tokens(bagged):
     long_text = "这家酒店" * 30 + "服务很差，不推荐"  # cut for attention, read longer by the bag
     ids_L = serving.encode(loaded, long_text)
     bag_M = serving.encode_bag(loaded, long_text)
-    source_M = explain.bag_source(loaded, long_text)
+    source_M = ranking.bag_source(loaded, long_text)
     assert len(ids_L) == 64 and len(bag_M) == 128 and ids_L[0] == tokenizers.CLS
     inside = source_M >= 0
     assert (bag_M[inside] == ids_L[source_M[inside]]).all()  # the same tokens of the text
@@ -156,13 +157,13 @@ def _fake_trained(max_len: int, tail_len: int, bag_len: int, cls: bool):
 def test_bag_source_lines_up_with_both_cuts(text, cls):
     t = _fake_trained(max_len=12, tail_len=4, bag_len=48, cls=cls)
     ids_L, bag_M = serving.encode(t, text), serving.encode_bag(t, text)
-    source_M = explain.bag_source(t, text)
+    source_M = ranking.bag_source(t, text)
     assert len(source_M) == len(bag_M)
     inside = source_M >= 0
     assert (bag_M[inside] == ids_L[source_M[inside]]).all()
     assert sorted(source_M[inside]) == list(range(len(ids_L)))
     assert (~inside).sum() == len(bag_M) - len(ids_L)
-    assert explain.bag_source(_fake_trained(12, 4, 0, cls), text) is None
+    assert ranking.bag_source(_fake_trained(12, 4, 0, cls), text) is None
 
 
 def test_a_limit_is_a_fixed_random_sample():
@@ -207,7 +208,7 @@ def test_predict_explain_adds_the_erasure_test(trained, capsys):
     proc = run_here(*args, "质量很好，很满意", " ", capsys=capsys)
     assert proc.returncode == 2  # the blank text fails, the other is answered
     header, good, bad = proc.stdout.strip("\n").split("\n")
-    assert header.split("\t")[3:] == explain.HEADER.split("\t")[1:]
+    assert header.split("\t")[3:] == ranking.HEADER.split("\t")[1:]
     label, prob, attended, loo, without_attended, without_loo = good.split("\t")
     assert len(loo.split(" ")) == 3 and 0 <= float(without_attended) <= 1
     assert 0 <= float(without_loo) <= 1
@@ -242,7 +243,7 @@ def test_the_page_shows_both_rankings_side_by_side(trained_copy):
     out = os.path.join(trained_copy, "vis")
     visualize.visualize(trained_copy, ["质量很好，很满意"], out)
     page = open(os.path.join(out, "attention.html"), encoding="utf-8").read()
-    e = explain.explain(serving.load(trained_copy), "质量很好，很满意")
+    e = ranking.explain(serving.load(trained_copy), "质量很好，很满意")
     assert "<th>attention (weight)</th><th>leave-one-out (drop)</th>" in page
     assert f"<b>{e['without_attended']:.3f}</b>" in page
     assert f"<b>{e['without_leave_one_out']:.3f}</b>" in page

@@ -15,7 +15,8 @@ from matplotlib.text import Text
 
 import attn
 from attn import classifier, multihead, scores
-from experiments import attention_page, forward, plots, serving, step_plots, visualize
+from experiments import forward, serving, visualize
+from experiments.explain import page, plots, step_plots
 from experiments.training import metrics
 
 TEXTS = ["很好看", "质量太差了，不推荐"]
@@ -32,7 +33,7 @@ def drawn(trained, tmp_path_factory) -> dict:
     shutil.copytree(trained, workdir)
     out = os.path.join(workdir, "vis")
     figures, pages = [], []
-    real_plot, real_write = step_plots.plot_steps, attention_page.write
+    real_plot, real_write = step_plots.plot_steps, page.write
 
     def plot_steps(h, **kwargs):
         figures.append((h, kwargs))
@@ -44,7 +45,7 @@ def drawn(trained, tmp_path_factory) -> dict:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(step_plots, "plot_steps", plot_steps)
-        mp.setattr(attention_page, "write", write)
+        mp.setattr(page, "write", write)
         written = visualize.visualize(
             workdir, TEXTS, out, steps=True, head=1, query=QUERY, window=WINDOW, pad_to=PAD_TO
         )
@@ -146,7 +147,7 @@ def test_earlier_output_is_replaced_and_a_failed_call_changes_nothing(
         raise OSError(28, "No space left on device")
 
     with monkeypatch.context() as mp:
-        mp.setattr(attention_page, "write", full_disk)
+        mp.setattr(page, "write", full_disk)
         assert_one_line_error(run_here(*argv, "--steps", "很好", capsys=capsys), "No space")
     assert tree_hash(trained_copy) == before
     # An --out that holds other files is never replaced.

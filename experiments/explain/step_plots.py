@@ -8,10 +8,10 @@ import matplotlib
 import numpy as np
 from matplotlib import patches
 from matplotlib.axes import Axes
-from matplotlib.figure import Figure  # not pyplot: see experiments/plots.py
+from matplotlib.figure import Figure  # not pyplot: see experiments/explain/plots.py
 
 from attn import multihead
-from experiments import plots
+from experiments.explain import plots
 
 # What each built-in score computes for one (query, key) pair, in matrix notation.
 SCORE_FORMULAS = {

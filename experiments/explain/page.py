@@ -7,7 +7,7 @@ import html
 
 import numpy as np
 
-from experiments import step_plots
+from experiments.explain import step_plots
 
 _STYLE = """
 body{font-family:sans-serif;max-width:75em;margin:2em auto;padding:0 1em}
