@@ -37,7 +37,7 @@ from benchmarks import attention as attention_section
 from benchmarks import config_file, lra, timing
 from experiments import parallel, train
 from experiments.errors import UserError
-from experiments.training import optim
+from experiments.training import classify, optim
 
 PARTS = ("attention", "train", "lra")
 LENGTHS = (512, 2048, 8192)
@@ -227,7 +227,9 @@ def train_rows(quick: bool, sizes: Sizes) -> dict:
         state = parallel.replicate(optim.init_state(jax.random.key(0), cfg, tx), dp)
         param_dtypes[dtype] = sorted({str(x.dtype) for x in jax.tree.leaves(state["params"])})
         step = jax.jit(
-            functools.partial(optim.train_step, cfg=cfg, tx=tx, **optim.loss_options(config.optim))
+            functools.partial(
+                classify.train_step, cfg=cfg, tx=tx, **classify.loss_options(config.optim)
+            )
         )
         steps[dtype] = functools.partial(step.lower(state, batch).compile(), state, batch)
     first = timing.time_interleaved(steps, 1)
@@ -274,7 +276,9 @@ def lra_run(sizes: Sizes, imdb_path: str, minutes: float) -> dict:
     tx = optim.make_optimizer(config.optim, 1000)
     state = parallel.replicate(optim.init_state(jax.random.key(0), cfg, tx), dp)
     step = jax.jit(
-        functools.partial(optim.train_step, cfg=cfg, tx=tx, **optim.loss_options(config.optim))
+        functools.partial(
+            classify.train_step, cfg=cfg, tx=tx, **classify.loss_options(config.optim)
+        )
     )
     tokens = np.random.default_rng(0).integers(3, 259, (d.batch_size, d.max_len), np.int32)
     batch = dp.put(

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from benchmarks import config_file, timing
 from experiments.data import tokenizers
-from experiments.training import optim
+from experiments.training import classify, optim
 
 TRAIN_EXAMPLES = 22_500  # IMDB train less the 10% held out for validation
 # Dense bf16 peak of one accelerator; a well-fed transformer step reaches about 30-40% of it.
@@ -39,7 +39,9 @@ def run(quick: bool) -> dict:
         cfg = optim.model_config(config, vocab, 2)
         tx = optim.make_optimizer(o, 1000)
         state = optim.init_state(jax.random.key(0), cfg, tx)
-        step = jax.jit(functools.partial(optim.train_step, cfg=cfg, tx=tx, **optim.loss_options(o)))
+        step = jax.jit(
+            functools.partial(classify.train_step, cfg=cfg, tx=tx, **classify.loss_options(o))
+        )
         tokens = jax.random.randint(jax.random.key(1), (d.batch_size, d.max_len), 3, vocab)
         batch = {
             "tokens": tokens,

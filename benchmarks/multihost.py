@@ -25,17 +25,16 @@ _WORKER = textwrap.dedent(
     import jax
     from benchmarks import config_file
     from benchmarks.train_step import train_data
-    from experiments.training import optim
-    from experiments import parallel
     from experiments.data import batching
+    from experiments.training import classify, optim
 
     config = config_file(spec)
     cfg, train = train_data(config)
     dp = parallel.data_parallel(config.data)
     tx = optim.make_optimizer(config.optim, 1000)
     state = parallel.replicate(optim.init_state(jax.random.PRNGKey(0), cfg, tx), dp)
-    step = jax.jit(functools.partial(optim.train_step, cfg=cfg, tx=tx,
-                                     **optim.loss_options(config.optim)))
+    step = jax.jit(functools.partial(classify.train_step, cfg=cfg, tx=tx,
+                                     **classify.loss_options(config.optim)))
     batches = batching.train_stream(train.ids, train.labels, seed=0,
                                     rows=dp.rows(config.data.batch_size),
                                     **batching.options(config.data))

@@ -191,7 +191,7 @@ def _train_md(tr: dict) -> list[str]:
     lines = [
         "## 2. Train step: ours vs a flax.linen twin",
         "",
-        f"`experiments.training.optim.train_step` (jit) against `benchmarks.flax_twin` "
+        f"`experiments.training.classify.train_step` (jit) against `benchmarks.flax_twin` "
         f"(`nn.MultiHeadDotProductAttention`, same embedding, positions, pre-LN blocks, pooling "
         f"and head), same real batch, same optax optimizer, dropout on in both. Model: "
         f"d_model {m['d_model']}, {m['num_heads']} heads, {m['num_layers']} layer(s), d_ff "

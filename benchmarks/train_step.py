@@ -15,7 +15,7 @@ import numpy as np
 from attn import classifier
 from benchmarks import config_file, flax_twin, timing
 from experiments.data import batching, encoding
-from experiments.training import optim
+from experiments.training import classify, optim
 
 
 def train_data(config: ml_collections.ConfigDict) -> tuple[classifier.ModelConfig, encoding.Split]:
@@ -42,7 +42,7 @@ def plain_step(cfg: classifier.ModelConfig, tx, optim: ml_collections.ConfigDict
     same computation as the Flax twin's."""
     return jax.jit(
         functools.partial(
-            optim.train_step,
+            classify.train_step,
             cfg=cfg,
             tx=tx,
             label_smoothing=0.0,

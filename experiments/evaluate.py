@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 from absl import flags
 
-from experiments import cli, forward, parallel, serving, workdirs
+from experiments import cli, parallel, serving, workdirs
 from experiments.data import datasets, encoding, user_files
 from experiments.data.splits import SPLITS
 from experiments.errors import UserError
-from experiments.training import checkpoints
+from experiments.training import checkpoints, classify
 
 _FLAGS = user_files.Flags("--path", "--text_field", "--label_field")  # named in file errors
 
@@ -81,7 +81,7 @@ def result_file(
 def _evaluate(trained: serving.Trained, s: encoding.Split, out: str, **about: str) -> dict:
     dp = parallel.data_parallel(trained.config.data)
     params = parallel.replicate(trained.params, dp)
-    result = forward.evaluate(
+    result = classify.evaluate(
         params, trained.cfg, s.ids, s.labels, data=trained.config.data, dp=dp, bag_ids=s.bag_ids
     )
     result["step"] = trained.step

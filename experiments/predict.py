@@ -29,9 +29,9 @@ import sys
 import numpy as np
 from absl import flags
 
-from experiments import cli, forward, serving
+from experiments import cli, serving
 from experiments.errors import UserError
-from experiments.explain import ranking
+from experiments.explain import maps, ranking
 
 HEADER = "label\tprobability\tmost-attended tokens (attention received)"
 UNKNOWN = "unknown"
@@ -47,7 +47,7 @@ def predict_one(trained: serving.Trained, text: str, top: int) -> dict:
     about |= {"note": "; ".join(r.notes)} if r.notes else {}
     if not r.known_tokens:
         return {"label": None, "probability": None, "top_tokens": [], **about}
-    result = forward.analyse(trained.params, trained.cfg, ids_L, serving.encode_bag(trained, text))
+    result = maps.analyse(trained.params, trained.cfg, ids_L, serving.encode_bag(trained, text))
     probs_C, received_L = result["probs"], result["received"]
     order = np.argsort(-received_L, kind="stable")[:top]
     tokens = trained.tokenizer.tokens(ids_L.tolist())

@@ -21,12 +21,12 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import cli, defaults, forward, parallel, pretraining, workdirs
+from experiments import cli, defaults, parallel, pretraining, workdirs
 from experiments.data import batching, encoding
 from experiments.data.splits import SPLITS
 from experiments.errors import UserError
 from experiments.explain import plots
-from experiments.training import bag_prior, baseline, checkpoints, loop, optim, warm_start
+from experiments.training import bag_prior, baseline, checkpoints, classify, loop, optim, warm_start
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -64,10 +64,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     # The old state is dead once the step returns: donating it lets XLA update the params and
     # both Adam moments in place instead of allocating and copying three tables a step.
     train_step = jax.jit(
-        functools.partial(optim.train_step, cfg=cfg, tx=tx, **optim.loss_options(o)),
+        functools.partial(classify.train_step, cfg=cfg, tx=tx, **classify.loss_options(o)),
         donate_argnums=0,
     )
-    evaluate = lambda params, split: forward.evaluate(
+    evaluate = lambda params, split: classify.evaluate(
         params, cfg, split.ids, split.labels, data=d, dp=dp, bag_ids=split.bag_ids
     )
     # Before the checkpoint's model check: other labels (data.label_names) also mean another

@@ -28,9 +28,9 @@ import numpy as np
 from absl import flags
 
 from attn import classifier
-from experiments import cli, forward, serving
+from experiments import cli, serving
 from experiments.errors import UserError
-from experiments.explain import page, plots, ranking, step_plots
+from experiments.explain import maps, page, plots, ranking, step_plots
 
 # Everything visualize writes into OUT: an existing OUT holding anything else is not replaced.
 _OUTPUTS = re.compile(r"attention\.html|text\d+_(steps_)?layer\d+_head\d+\.png")
@@ -177,7 +177,7 @@ def _draw(
     for n, (ids_L, bag_M, view_L, note) in enumerate(
         zip(encoded, bags, drawn, notes, strict=True), 1
     ):
-        result = forward.analyse(trained.params, cfg, ids_L, bag_M)
+        result = maps.analyse(trained.params, cfg, ids_L, bag_M)
         tokens = trained.tokenizer.tokens(ids_L.tolist())
         label = trained.label_names[int(result["probs"].argmax())]
         caption = f"text {n}: {label} ({result['probs'].max():.2f})"
@@ -193,7 +193,7 @@ def _draw(
                 plots.plot_heatmap(w_LxL, tokens[:max_tokens], title, path)
         if not (steps or n == 1):
             continue
-        st = forward.attention_steps(trained.params, cfg, view_L, layer)
+        st = maps.attention_steps(trained.params, cfg, view_L, layer)
         view = step_plots.head_view(
             st, head, trained.tokenizer.tokens(view_L.tolist()), view_L != classifier.PAD
         )

@@ -14,9 +14,9 @@ import scipy.stats
 from conftest import assert_one_line_error, run_here, tiny_config, tree_hash
 
 from attn import importance
-from experiments import forward, serving, train, visualize
+from experiments import serving, train, visualize
 from experiments.data import encoding, tokenizers
-from experiments.explain import faithfulness, ranking
+from experiments.explain import faithfulness, maps, ranking
 
 LIMIT = 48
 
@@ -98,7 +98,7 @@ def test_per_text_scores_are_the_library_functions(trained):
             loaded.params, tokens, cfg=cfg
         )[0]
         np.testing.assert_allclose(t["scores"]["leave_one_out"], loo, atol=1e-5)
-        received = forward.analyse(loaded.params, cfg, ids_L, None)["received"]
+        received = maps.analyse(loaded.params, cfg, ids_L, None)["received"]
         np.testing.assert_allclose(t["scores"]["attention"], received, atol=1e-6)  # the shading
         comp, suff = jax.jit(importance.erasure_drops, static_argnames=("cfg", "percents"))(
             loaded.params,
@@ -221,10 +221,10 @@ def test_predict_explain_adds_the_erasure_test(trained, capsys):
     # By hand: erase the 3 most-attended tokens, run the model again.
     loaded = serving.load(trained)
     ids_L = serving.encode(loaded, "质量很好，很满意")
-    received = forward.analyse(loaded.params, loaded.cfg, ids_L, None)["received"]
+    received = maps.analyse(loaded.params, loaded.cfg, ids_L, None)["received"]
     erased = ids_L.copy()
     erased[np.argsort(-received, kind="stable")[: e["removed"]]] = tokenizers.PAD
-    probs = forward.analyse(loaded.params, loaded.cfg, erased, None)["probs"]
+    probs = maps.analyse(loaded.params, loaded.cfg, erased, None)["probs"]
     label_id = loaded.label_names.index(p["label"])
     assert e["removed"] == 3
     assert e["without_attended"] == pytest.approx(float(probs[label_id]), abs=1e-6)

@@ -16,7 +16,7 @@ import optax
 import pytest
 
 from attn import classifier
-from experiments.training import optim
+from experiments.training import classify, optim
 
 CFG = classifier.ModelConfig(
     vocab_size=40,
@@ -65,8 +65,8 @@ STATE = optim.init_state(jax.random.PRNGKey(0), CFG, TX)
 
 @functools.cache
 def _step(adversarial_eps: float):
-    options = {**optim.loss_options(OPTIM), "adversarial_eps": adversarial_eps}
-    return jax.jit(functools.partial(optim.train_step, cfg=CFG, tx=TX, **options))
+    options = {**classify.loss_options(OPTIM), "adversarial_eps": adversarial_eps}
+    return jax.jit(functools.partial(classify.train_step, cfg=CFG, tx=TX, **options))
 
 
 def test_one_train_step_gives_the_recorded_loss_and_gradient_norm():

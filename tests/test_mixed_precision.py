@@ -10,6 +10,7 @@ import pytest
 
 from attn import classifier
 from configs import default
+from experiments.training import classify, optim
 
 VOCAB, LENGTH = 48, 24
 POSITIVE, NEGATIVE = range(3, 13), range(13, 23)  # ids 23-47 carry no sentiment; 0-2 reserved
@@ -52,10 +53,12 @@ def _config(dtype: str) -> tuple[classifier.ModelConfig, object]:
 def _train(dtype: str, steps: int = 150, batch: int = 64):
     """The real train step (AdamW, warmup and cosine decay, the adversarial loss of the default
     config) on the same batches for either dtype -> (final state, per-step losses)."""
-    cfg, optim = _config(dtype)
-    tx = optim.make_optimizer(optim, steps)
+    cfg, o = _config(dtype)
+    tx = optim.make_optimizer(o, steps)
     state = optim.init_state(jax.random.key(0), cfg, tx)
-    step = jax.jit(functools.partial(optim.train_step, cfg=cfg, tx=tx, **optim.loss_options(optim)))
+    step = jax.jit(
+        functools.partial(classify.train_step, cfg=cfg, tx=tx, **classify.loss_options(o))
+    )
     tokens, labels = _task(steps * batch, seed=1)
     losses = []
     for i in range(steps):

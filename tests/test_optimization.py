@@ -13,7 +13,7 @@ import pytest
 
 from attn import classifier
 from experiments.errors import UserError
-from experiments.training import metrics, optim
+from experiments.training import classify, metrics, optim
 
 CFG = classifier.ModelConfig(vocab_size=20, d_model=8, num_heads=2, d_ff=16, max_len=6)
 # Two examples, the first padded: [B=2, L=6].
@@ -41,7 +41,7 @@ def test_ema_is_the_normalised_decay_weighted_average_of_all_updates():
 def test_adversarial_delta_has_norm_eps_per_example_along_the_gradient():
     g = jax.random.normal(jax.random.PRNGKey(1), (3, 5, 4))
     g = g.at[1].multiply(100.0)  # the scale of an example's gradient must not matter
-    delta = optim._adversarial_delta(g, 2.5)
+    delta = classify._adversarial_delta(g, 2.5)
     np.testing.assert_allclose(jnp.sqrt((delta**2).sum(axis=(1, 2))), 2.5, rtol=1e-5)
     cos = (delta * g).sum(axis=(1, 2)) / jnp.sqrt((delta**2).sum((1, 2)) * (g**2).sum((1, 2)))
     np.testing.assert_allclose(cos, 1.0, rtol=1e-5)
@@ -53,11 +53,11 @@ def test_adversarial_delta_raises_the_loss_more_than_a_random_one():
     @jax.jit
     def loss(delta):
         kw = dict(label_smoothing=0.0, penalty_weight=0.0, train=False, rng=None)
-        return optim.loss_and_metrics(params, BATCH, CFG, embed_delta_BxLxD=delta, **kw)[0]
+        return classify.loss_and_metrics(params, BATCH, CFG, embed_delta_BxLxD=delta, **kw)[0]
 
     zero = jnp.zeros((2, 6, 8))
-    adversarial = optim._adversarial_delta(jax.jit(jax.grad(loss))(zero), 0.5)
-    random = optim._adversarial_delta(jax.random.normal(jax.random.PRNGKey(2), zero.shape), 0.5)
+    adversarial = classify._adversarial_delta(jax.jit(jax.grad(loss))(zero), 0.5)
+    random = classify._adversarial_delta(jax.random.normal(jax.random.PRNGKey(2), zero.shape), 0.5)
     assert loss(adversarial) > loss(random) and loss(adversarial) > loss(zero)
     # Padding gets no gradient, so no perturbation.
     assert float(jnp.abs(adversarial[0, 4:]).max()) == 0.0
@@ -71,13 +71,13 @@ def test_embedding_norm_counts_real_tokens_of_each_example():
         np.sqrt(sum(np.sum((table[t] + pos[i]) ** 2) for i, t in enumerate(row) if t != 0))
         for row in tokens
     ]
-    got = optim._embedding_norm(params, BATCH["tokens"], CFG)
+    got = classify._embedding_norm(params, BATCH["tokens"], CFG)
     np.testing.assert_allclose(got, expected, rtol=1e-5)
 
 
 def test_adversarial_delta_scales_each_example_by_its_own_factor():
     g = jax.random.normal(jax.random.PRNGKey(4), (2, 5, 4))
-    delta = optim._adversarial_delta(g, 0.5, jnp.array([3.0, 10.0]))
+    delta = classify._adversarial_delta(g, 0.5, jnp.array([3.0, 10.0]))
     np.testing.assert_allclose(jnp.sqrt((delta**2).sum(axis=(1, 2))), [1.5, 5.0], rtol=1e-5)
 
 
@@ -86,11 +86,11 @@ def test_a_relative_eps_is_that_fraction_of_the_example_embedding_norm():
     batch = {k: v[1:] for k, v in BATCH.items()}
     tx = optax.apply_if_finite(optax.sgd(0.1), 10)  # train_step reports its skip counts
     state = optim.init_state(jax.random.PRNGKey(5), CFG, tx)
-    norm = float(optim._embedding_norm(state["params"], batch["tokens"], CFG)[0])
+    norm = float(classify._embedding_norm(state["params"], batch["tokens"], CFG)[0])
     kw = dict(cfg=CFG, tx=tx, label_smoothing=0.0, penalty_weight=0.0)
-    rel, _ = optim.train_step(state, batch, adversarial_eps=0.3, adversarial_relative=True, **kw)
-    ab, _ = optim.train_step(state, batch, adversarial_eps=0.3 * norm, **kw)
-    small, _ = optim.train_step(state, batch, adversarial_eps=0.3, **kw)
+    rel, _ = classify.train_step(state, batch, adversarial_eps=0.3, adversarial_relative=True, **kw)
+    ab, _ = classify.train_step(state, batch, adversarial_eps=0.3 * norm, **kw)
+    small, _ = classify.train_step(state, batch, adversarial_eps=0.3, **kw)
     leaves = lambda s: jax.tree.leaves(s["params"])
     for a, b in zip(leaves(rel), leaves(ab), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
@@ -113,12 +113,12 @@ def test_a_relative_eps_is_that_fraction_of_the_example_embedding_norm():
 def test_optimizer_values_out_of_range_are_named(field, value, fragment):
     from configs import default
 
-    optim = default.get_config().optim
-    optim.check_optim(optim)
-    with optim.unlocked():
-        optim[field] = value
+    o = default.get_config().optim
+    optim.check_optim(o)
+    with o.unlocked():
+        o[field] = value
     with pytest.raises(UserError, match=rf"config\.optim\.{field} must be {re.escape(fragment)}"):
-        optim.check_optim(optim)
+        optim.check_optim(o)
 
 
 @pytest.mark.parametrize(

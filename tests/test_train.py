@@ -17,10 +17,11 @@ from conftest import (
 )
 
 from attn import classifier
-from experiments import evaluate, forward, parallel, predict, serving, train, visualize, workdirs
+from experiments import evaluate, parallel, predict, serving, train, visualize, workdirs
 from experiments.data import batching, encoding, tokenizers
 from experiments.errors import UserError
-from experiments.training import checkpoints, metrics
+from experiments.explain import maps
+from experiments.training import checkpoints, classify, metrics
 
 EVAL_KEYS = {"accuracy", "macro_f1", "loss", "confusion", "num_examples"}
 
@@ -298,13 +299,13 @@ def test_a_bag_that_reads_more_is_read_alike_by_training_evaluate_and_predict(tf
     longer = [i for i in range(len(s.ids)) if len(s.bag_ids[i]) > len(s.ids[i])][:3]
     assert len(longer) == 3  # texts of more than max_len (64) characters
     dp = parallel.data_parallel(d)
-    probs_NxC, _ = forward.probabilities(
+    probs_NxC, _ = classify.probabilities(
         loaded.params, loaded.cfg, s.ids, s.labels, data=d, dp=dp, bag_ids=s.bag_ids
     )
     for i in longer:
         got = predict.predict_one(loaded, s.texts[i], top=1)
         assert got["probability"] == pytest.approx(float(probs_NxC[i].max()), abs=1e-5)
-        cut_only = forward.analyse(loaded.params, loaded.cfg, s.ids[i], None)["probs"]
+        cut_only = maps.analyse(loaded.params, loaded.cfg, s.ids[i], None)["probs"]
         assert not np.allclose(cut_only, probs_NxC[i], atol=1e-4)  # the rest of the text counts
 
 

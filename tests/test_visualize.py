@@ -15,8 +15,8 @@ from matplotlib.text import Text
 
 import attn
 from attn import classifier, multihead, scores
-from experiments import forward, serving, visualize
-from experiments.explain import page, plots, step_plots
+from experiments import serving, visualize
+from experiments.explain import maps, page, plots, step_plots
 from experiments.training import metrics
 
 TEXTS = ["很好看", "质量太差了，不推荐"]
@@ -77,8 +77,8 @@ def test_steps_files_are_written_with_their_names(drawn):
         with open(os.path.join(out, name), "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert not [f for f in os.listdir(workdir) if ".tmp" in f]  # nothing left half-made
-    page = open(os.path.join(out, "attention.html"), encoding="utf-8").read()
-    assert "Legend" in page and "masked" in page and "<rt>" in page  # numbers shown, not hovered
+    html = open(os.path.join(out, "attention.html"), encoding="utf-8").read()
+    assert "Legend" in html and "masked" in html and "<rt>" in html  # numbers shown, not hovered
 
 
 def test_drawn_steps_recombine_and_are_the_model_attention(drawn, trained):
@@ -111,7 +111,7 @@ def test_drawn_steps_recombine_and_are_the_model_attention(drawn, trained):
         np.testing.assert_allclose(h.weights_LxL, w_LxL, atol=1e-6)
         np.testing.assert_allclose(h.out_LxK, out_LxK, atol=1e-6)
         # ... and the model's forward pass on the same ids has the same attention map.
-        model_w_LxL = forward.analyse(loaded.params, cfg, ids_L, None)["attention"][0][1]
+        model_w_LxL = maps.analyse(loaded.params, cfg, ids_L, None)["attention"][0][1]
         np.testing.assert_allclose(h.weights_LxL, model_w_LxL, atol=1e-6)
     assert drawn["figures"][0][0].tokens[-2:] == ["<pad>", "<pad>"]
     assert len(drawn["figures"][1][0].tokens) == WINDOW

@@ -17,14 +17,16 @@ import jax
 
 from benchmarks import config_file, timing
 from benchmarks.train_step import stream, train_data
-from experiments.training import optim
+from experiments.training import classify, optim
 
 
 def main() -> None:
     config = config_file("default.py")
     cfg, train = train_data(config)
     tx = optim.make_optimizer(config.optim, 1000)
-    step = functools.partial(optim.train_step, cfg=cfg, tx=tx, **optim.loss_options(config.optim))
+    step = functools.partial(
+        classify.train_step, cfg=cfg, tx=tx, **classify.loss_options(config.optim)
+    )
     steps = {"plain": jax.jit(step), "donated": jax.jit(step, donate_argnums=0)}
     states = {k: optim.init_state(jax.random.key(0), cfg, tx) for k in steps}
 

@@ -21,7 +21,7 @@ from attn import classifier
 from benchmarks import config_file, flax_twin
 from benchmarks import train_step as bench
 from benchmarks.timing import time_interleaved
-from experiments.training import optim
+from experiments.training import classify, optim
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "tx"))
@@ -29,7 +29,7 @@ def step_without_grad_norm(state, batch, *, cfg, tx):
     rng = jax.random.fold_in(state["rng"], state["step"])
 
     def loss_fn(p):
-        loss, m, _ = optim.loss_and_metrics(
+        loss, m, _ = classify.loss_and_metrics(
             p, batch, cfg, label_smoothing=0.0, penalty_weight=0.1, train=True, rng=rng
         )
         return loss, m

@@ -1,0 +1,56 @@
+"""One text through a trained model, for the pictures: its class probabilities, every layer's
+attention maps and the attention each token receives, and one layer's attention step by step."""
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from attn import classifier, multihead
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def _forward(
+    params: Any,
+    tokens_BxL: jax.Array,
+    bag_tokens_BxM: jax.Array | None,
+    *,
+    cfg: classifier.ModelConfig,
+):
+    logits_BxC, aux = classifier.apply(params, tokens_BxL, cfg, bag_tokens_BxM=bag_tokens_BxM)
+    return jax.nn.softmax(logits_BxC), aux
+
+
+def analyse(
+    params: Any, cfg: classifier.ModelConfig, ids_L: np.ndarray, bag_ids_M: np.ndarray | None
+) -> dict:
+    """Probabilities [C], per-layer attention [H, L, L] and the attention each token receives [L]
+    of one text's ids [L] (and what its bag reads [M], if the model's bag reads more of it).
+
+    Chunked attention never forms the weights, so maps are computed with the matrix form:
+    the same function of the same parameters.
+    """
+    cfg = dataclasses.replace(cfg, implementation="matrix")
+    tokens_1xL = jnp.asarray(ids_L[None, :], jnp.int32)
+    bag_1xM = None if bag_ids_M is None else jnp.asarray(bag_ids_M[None, :], jnp.int32)
+    probs_1xC, aux = _forward(params, tokens_1xL, bag_1xM, cfg=cfg)
+    attention = [np.asarray(w[0], np.float32) for w in aux["attention"]]
+    if aux["pool_weights"] is not None:  # structured pooling: what the classifier reads
+        received_L = np.asarray(aux["pool_weights"][0], np.float32).mean(0)
+    elif attention:
+        received_L = attention[-1].mean(axis=(0, 1))
+    else:
+        received_L = np.full(len(ids_L), 1.0 / max(len(ids_L), 1), np.float32)
+    return {"probs": np.asarray(probs_1xC[0]), "attention": attention, "received": received_L}
+
+
+def attention_steps(
+    params: Any, cfg: classifier.ModelConfig, ids_L: np.ndarray, layer: int
+) -> multihead.Steps:
+    """`classifier.attention_steps` of one sequence of ids [L] (PAD ids are masked keys), as
+    float32 numpy arrays."""
+    st = classifier.attention_steps(params, jnp.asarray(ids_L, jnp.int32), cfg, layer=layer)
+    return multihead.Steps(*(np.asarray(a, np.float32) for a in st))
