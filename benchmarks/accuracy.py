@@ -8,8 +8,8 @@ import ml_collections
 import numpy as np
 
 from benchmarks import config_file, timing
-from experiments import defaults, predict, serving, train
-from experiments.data import batching, datasets
+from experiments import predict, serving, train
+from experiments.data import batching, chosen, datasets
 from experiments.training import baseline, metrics
 
 # Short, obvious reviews in both classes, written for this check (not drawn from any split, and
@@ -82,7 +82,7 @@ def short_reviews(workdir: str) -> dict:
 
 def train_variant(config: ml_collections.ConfigDict, short: bool = False) -> dict:
     """One training run in a temporary workdir; `short` also scores SHORT_REVIEWS."""
-    config = defaults.resolve(config)  # record the epochs the data chose, not their 0 mark
+    config = chosen.resolve(config)  # record the epochs the data chose, not their 0 mark
     with tempfile.TemporaryDirectory() as workdir:
         start = time.perf_counter()
         test = train.train_and_evaluate(config, workdir)

@@ -10,7 +10,7 @@ stops when more than config.data.max_bad_fraction of them are bad.
 
 The tokenizer, the length, how much of a longer text's end is kept, how much of each text the bag
 reads, the number of epochs, warmup and the evaluation and checkpoint intervals are chosen from
-the training split (`experiments/defaults.py`: characters for Chinese or Japanese, words
+the training split (`experiments/data/chosen.py`: characters for Chinese or Japanese, words
 otherwise; the 95th-percentile length, of which a cut text keeps the first quarter and the last
 three quarters; the bag up to the 99th percentile; about 40,000 examples seen), printed when the
 run starts and recorded in the workdir's config.json. Any of them can still be set, e.g.

@@ -12,8 +12,8 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import cli, defaults
-from experiments.data import encoding, tokenizers
+from experiments import cli
+from experiments.data import chosen, encoding, tokenizers
 from experiments.errors import UserError
 
 _PERCENTILES = (50, 90, 99, 100)
@@ -61,7 +61,7 @@ def define_flags(fv: flags.FlagValues) -> None:
 def main(fv: flags.FlagValues, argv: list[str]) -> None:
     if fv.config is None:
         raise UserError("--config is required, e.g. --config=configs/default.py")
-    print(describe(defaults.resolve(fv.config).data))
+    print(describe(chosen.resolve(fv.config).data))
 
 
 if __name__ == "__main__":

@@ -22,9 +22,9 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import cli, parallel, pretraining, workdirs
+from experiments import cli, parallel, workdirs
 from experiments.errors import UserError
-from experiments.training import loop
+from experiments.training import loop, masked_tokens
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -47,14 +47,14 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
     fresh = not os.path.exists(workdir)
     with cli.interrupt_detail(lambda: loop.resume_hint(workdir)):
         try:
-            result = pretraining.pretrain(config, workdir)
+            result = masked_tokens.pretrain(config, workdir)
         except UserError:
             if fresh and parallel.is_primary():  # a refused run leaves no empty workdir
                 workdirs.remove_if_unused(workdir)
             raise
     if not parallel.is_primary():
         return
-    curves = os.path.join(workdir, "curves.png")  # drawn by pretraining.pretrain
+    curves = os.path.join(workdir, "curves.png")  # drawn by masked_tokens.pretrain
     print(
         f"validation masked-token accuracy {result['accuracy']:.4f}  loss {result['loss']:.4f}  "
         f"({result['num_targets']} hidden tokens, best step {result['step']}, "

@@ -21,12 +21,21 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from experiments import cli, defaults, parallel, pretraining, workdirs
-from experiments.data import batching, encoding
+from experiments import cli, parallel, workdirs
+from experiments.data import batching, chosen, encoding
 from experiments.data.splits import SPLITS
 from experiments.errors import UserError
 from experiments.explain import plots
-from experiments.training import bag_prior, baseline, checkpoints, classify, loop, optim, warm_start
+from experiments.training import (
+    bag_prior,
+    baseline,
+    checkpoints,
+    classify,
+    loop,
+    masked_tokens,
+    optim,
+    warm_start,
+)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -38,13 +47,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     check_config(config)
     workdirs.check_writable(workdir)
     start_from = config.model.init_from
-    if not start_from and pretraining.requested(config):
+    if not start_from and masked_tokens.requested(config):
         start_from = os.path.join(workdir, "pretrain")
-        pretraining.pretrain(config, start_from)
+        masked_tokens.pretrain(config, start_from)
     src = warm_start.source(start_from) if start_from else None
     if src:
         config = warm_start.adopt(config, src)
-    config, chosen = defaults.choose(config)
+    config, said = chosen.choose(config)
     d, t, o = config.data, config.train, config.optim
     dp = parallel.data_parallel(d)
     primary = parallel.is_primary()
@@ -73,8 +82,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     # Before the checkpoint's model check: other labels (data.label_names) also mean another
     # num_classes, and the data field is the cause to name.
     workdirs.check_same_run(config, workdir)
-    if chosen and primary:
-        print(chosen, file=sys.stderr)
+    if said and primary:
+        print(said, file=sys.stderr)
 
     def init_state(fresh: bool) -> dict:
         # A resumed run overwrites the starting values: count, read or restore them only for a
@@ -138,8 +147,8 @@ def check_config(config: ml_collections.ConfigDict) -> None:
     patience = config.train.get("patience", 0)
     if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
         raise UserError(f"config.train.patience must be an integer >= 0; got {patience!r}")
-    if pretraining.requested(config):
-        pretraining.view(config)
+    if masked_tokens.requested(config):
+        masked_tokens.view(config)
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -162,7 +171,7 @@ def _resolved_if_readable(config: ml_collections.ConfigDict) -> ml_collections.C
     """The values a run would use; fields left to the data stay marked when it cannot be read
     (e.g. csv.py before --config.data.path is given), since listing fields needs no data."""
     try:
-        return defaults.resolve(config)
+        return chosen.resolve(config)
     except UserError as e:
         print(f"fields chosen from the data stay marked; cannot read it: {e}", file=sys.stderr)
         return config

@@ -6,7 +6,7 @@ import pytest
 from conftest import ROOT, make_aclimdb, run_here
 
 from attn import classifier
-from experiments import defaults
+from experiments.data import chosen
 from experiments.training import optim
 
 VARIANTS = {
@@ -31,11 +31,11 @@ def test_variants_load_and_make_a_valid_model(name, tmp_path):
     make_aclimdb(tmp_path / "aclImdb")
     for arg in VARIANTS[name]:
         config = module.get_config(arg)
-        if defaults.left_to_data(config):  # csv.py and imdb.py leave some fields to the data
+        if chosen.left_to_data(config):  # csv.py and imdb.py leave some fields to the data
             with config.unlocked():
                 imdb = config.data.dataset == "imdb_reviews"
                 config.data.path = str(tmp_path / "aclImdb" if imdb else reviews)
-            config = defaults.resolve(config)
+            config = chosen.resolve(config)
         optim.check_optim(config.optim)
         cfg = optim.model_config(config, vocab_size=100, num_classes=2)
         assert isinstance(cfg, classifier.ModelConfig) and cfg.max_len == config.data.max_len

@@ -20,10 +20,10 @@ from conftest import (
     tiny_flags,
 )
 
-from experiments import pretraining, train
+from experiments import train
 from experiments.data import datasets, tokenizers, unlabeled
 from experiments.errors import UserError
-from experiments.training import checkpoints, loop, warm_start
+from experiments.training import checkpoints, loop, masked_tokens, warm_start
 
 
 def _best_step(workdir: str) -> int:
@@ -46,7 +46,7 @@ def test_pretraining_writes_a_workdir_like_training(pretrained):
     assert result["num_targets"] > 0 and 0 <= result["accuracy"] <= 1
     # The params hold the classifier's encoder beside the head that predicts hidden tokens.
     params = saved_state(pretrained, PRETRAIN_STEPS)["params"]
-    assert {"embed", "layer_0", "final_ln", pretraining.HEAD} <= set(params)
+    assert {"embed", "layer_0", "final_ln", masked_tokens.HEAD} <= set(params)
 
 
 def _starting_state(config, workdir, monkeypatch) -> dict:
@@ -247,7 +247,7 @@ def test_pretraining_reads_its_tokenizer_from_all_its_texts(tfds_dir, tmp_path):
     config.unlock()
     config.pretrain.eval_every_steps = config.pretrain.checkpoint_every_steps = 1
     workdir = str(tmp_path / "p")
-    pretraining.pretrain(config, workdir)
+    masked_tokens.pretrain(config, workdir)
     assert "齉" in tokenizers.load_tokenizer(workdir).vocab
 
 

@@ -8,7 +8,7 @@ from conftest import run_here
 
 from configs import csv as csv_config
 from configs import default
-from experiments import defaults
+from experiments.data import chosen
 
 _EN = "the film was {} and the plot {} so i would {} it to a friend who likes quiet dramas"
 _ZH = "这本书的内容{}，读起来{}，推荐给{}的朋友"
@@ -39,7 +39,7 @@ def _config(path: str, **overrides):
 
 
 def test_english_gets_words_and_its_length(tmp_path, capsys):
-    config = defaults.resolve(_config(_write(tmp_path / "en.csv", 200, _EN)))
+    config = chosen.resolve(_config(_write(tmp_path / "en.csv", 200, _EN)))
     d, t, o = config.data, config.train, config.optim
     assert d.tokenizer == "word"
     assert d.max_len == 32 and d.buckets == (8, 16, 24, 32)  # 19-20 words per text
@@ -54,13 +54,13 @@ def test_english_gets_words_and_its_length(tmp_path, capsys):
 
 
 def test_chinese_gets_characters(tmp_path):
-    config = defaults.resolve(_config(_write(tmp_path / "zh.csv", 100, _ZH, _ZH_WORDS)))
+    config = chosen.resolve(_config(_write(tmp_path / "zh.csv", 100, _ZH, _ZH_WORDS)))
     assert config.data.tokenizer == "char" and config.data.max_len == 32  # 26-29 characters
 
 
 def test_what_the_user_sets_is_kept(tmp_path):
     path = _write(tmp_path / "en.csv", 200, _EN)
-    config = defaults.resolve(
+    config = chosen.resolve(
         _config(
             path, data__tokenizer="char", data__max_len=100, data__tail_len=0, train__num_epochs=3
         )
@@ -70,7 +70,7 @@ def test_what_the_user_sets_is_kept(tmp_path):
     assert config.data.buckets == default.get_config().data.buckets  # set with max_len, kept
     # A config with nothing left to the data is returned as is, without reading it.
     plain = default.get_config()
-    assert defaults.resolve(plain) is plain
+    assert chosen.resolve(plain) is plain
 
 
 def test_a_run_records_what_was_chosen(tmp_path, capsys):
@@ -96,15 +96,15 @@ def test_a_run_records_what_was_chosen(tmp_path, capsys):
     ],
 )
 def test_the_bag_reads_up_to_the_99th_percentile(lengths, want):
-    assert defaults.bag_len(lengths, 32) == want
+    assert chosen.bag_len(lengths, 32) == want
 
 
 def test_the_bag_length_is_chosen_only_with_a_bag(tmp_path):
     long = "the film " * 25 + "{} {} {}"
     path = _write(tmp_path / "en.csv", 200, long)
-    with_bag = defaults.resolve(_config(path, data__max_len=32))
+    with_bag = chosen.resolve(_config(path, data__max_len=32))
     assert with_bag.data.bag_len == 64  # 55-57 words, max_len 32 set by hand
-    without = defaults.resolve(_config(path, data__max_len=32, model__bag_buckets=0))
+    without = chosen.resolve(_config(path, data__max_len=32, model__bag_buckets=0))
     assert without.data.bag_len == 0
 
 
@@ -113,4 +113,4 @@ def test_the_bag_length_is_chosen_only_with_a_bag(tmp_path):
     [(["abc def"], 0.0), (["这本书"], 1.0), (["好 ok"], 1 / 3), ([""], 0.0)],
 )
 def test_cjk_share(texts, share):
-    assert defaults.cjk_share(texts) == pytest.approx(share)
+    assert chosen.cjk_share(texts) == pytest.approx(share)

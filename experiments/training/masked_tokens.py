@@ -19,8 +19,8 @@ import numpy as np
 import optax
 
 from attn import classifier, masked_lm
-from experiments import defaults, parallel, workdirs
-from experiments.data import batching, encoding, unlabeled
+from experiments import parallel, workdirs
+from experiments.data import batching, chosen, encoding, unlabeled
 from experiments.errors import UserError
 from experiments.explain import plots
 from experiments.training import checkpoints, loop, optim, warm_start
@@ -192,7 +192,7 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict:
     src = warm_start.source(config.model.init_from) if config.model.init_from else None
     if src:
         config = warm_start.adopt(config, src)
-    config, chosen = defaults.choose(config)
+    config, said = chosen.choose(config)
     run_config = view(config)
     d, t, p = config.data, config.train, config.pretrain
     dp = parallel.data_parallel(d)
@@ -220,8 +220,8 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict:
     )
     workdirs.check_same_run(config, workdir)
     if parallel.is_primary():
-        if chosen:
-            print(chosen, file=sys.stderr)
+        if said:
+            print(said, file=sys.stderr)
         print(texts.summary, file=sys.stderr)
 
     def init_state_for(fresh: bool) -> dict:
