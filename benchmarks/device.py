@@ -35,7 +35,7 @@ from attn.attention import IMPLEMENTATIONS
 from attn.attention import attention as attend
 from benchmarks import attention as attention_section
 from benchmarks import config_file, lra, timing
-from experiments import parallel, train
+from experiments import fields, parallel, train
 from experiments.errors import UserError
 from experiments.training import classify, optim
 
@@ -222,7 +222,7 @@ def train_rows(quick: bool, sizes: Sizes) -> dict:
     for dtype in DTYPES:
         with config.unlocked():
             config.model.dtype = dtype
-        cfg = optim.model_config(config, vocab, 2)
+        cfg = fields.model_config(config, vocab, 2)
         tx = optim.make_optimizer(config.optim, 1000)
         state = parallel.replicate(optim.init_state(jax.random.key(0), cfg, tx), dp)
         param_dtypes[dtype] = sorted({str(x.dtype) for x in jax.tree.leaves(state["params"])})
@@ -272,7 +272,7 @@ def lra_run(sizes: Sizes, imdb_path: str, minutes: float) -> dict:
         d.path = imdb_path
         config.train.baseline = False
     dp = parallel.data_parallel(d)
-    cfg = optim.model_config(config, 259, 2)  # the byte tokenizer's vocabulary
+    cfg = fields.model_config(config, 259, 2)  # the byte tokenizer's vocabulary
     tx = optim.make_optimizer(config.optim, 1000)
     state = parallel.replicate(optim.init_state(jax.random.key(0), cfg, tx), dp)
     step = jax.jit(

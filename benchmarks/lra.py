@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks import config_file, timing
+from experiments import fields
 from experiments.data import tokenizers
 from experiments.training import classify, optim
 
@@ -36,7 +37,7 @@ def run(quick: bool) -> dict:
         config = config_file(f"lra_text.py:{variant}" if variant else "lra_text.py")
         d, o = config.data, config.optim
         vocab = tokenizers.ByteTokenizer().vocab_size
-        cfg = optim.model_config(config, vocab, 2)
+        cfg = fields.model_config(config, vocab, 2)
         tx = optim.make_optimizer(o, 1000)
         state = optim.init_state(jax.random.key(0), cfg, tx)
         step = jax.jit(

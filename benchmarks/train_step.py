@@ -14,6 +14,7 @@ import numpy as np
 
 from attn import classifier
 from benchmarks import config_file, flax_twin, timing
+from experiments import fields
 from experiments.data import batching, encoding
 from experiments.training import classify, optim
 
@@ -22,7 +23,7 @@ def train_data(config: ml_collections.ConfigDict) -> tuple[classifier.ModelConfi
     """The model config and the encoded train split that `config` trains on."""
     add_cls = config.model.pooling == "cls"
     data = encoding.load(config.data, ("train",), add_cls=add_cls)
-    cfg = optim.model_config(config, data.tokenizer.vocab_size, len(data.label_names))
+    cfg = fields.model_config(config, data.tokenizer.vocab_size, len(data.label_names))
     return cfg, data.splits["train"]
 
 

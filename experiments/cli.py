@@ -11,12 +11,15 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import ml_collections
 from absl import app, flags, logging
+from ml_collections import config_flags
 
-from configs.default import MEANINGS
+from experiments import parallel, workdirs
 from experiments.errors import UserError
+from experiments.training import loop
 
 Define = Callable[[flags.FlagValues], None]
 Main = Callable[[flags.FlagValues, list[str]], int | None]
@@ -36,19 +39,6 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
         return module.get_config(arg or None)
     except Exception as e:  # a broken or unknown config is the user's to fix
         raise UserError(f"cannot load config {spec!r}: {e}") from None
-
-
-def describe_config(config: ml_collections.ConfigDict) -> str:
-    """Every field as `section.field = value  # meaning`, one per line, overrides applied."""
-    rows = [
-        (f"{section}.{field}", repr(value))
-        for section, fields in config.to_dict().items()
-        for field, value in fields.items()
-    ]
-    width = max(len(name) + len(value) for name, value in rows) + 4  # " = " and a space
-    return "\n".join(
-        f"{f'{name} = {value}':<{width}}# {MEANINGS.get(name, '')}".rstrip() for name, value in rows
-    )
 
 
 def parse(fv: flags.FlagValues, argv: Sequence[str]) -> list[str]:
@@ -101,6 +91,38 @@ def main(define_flags: Define, entry: Main) -> None:
 
     signal.signal(signal.SIGINT, _exit_interrupted)
     app.run(run_entry, flags_parser=parse_or_exit)
+
+
+def define_run_flags(fv: flags.FlagValues) -> None:
+    """The flags of a command that trains in a workdir (train, pretrain)."""
+    config_flags.DEFINE_config_file(
+        "config", None, "Path to a config file[:variant].", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "workdir", None, "Directory for checkpoints, vocabulary and metrics.", flag_values=fv
+    )
+    parallel.define_flags(fv)
+
+
+def run_in_workdir(
+    fv: flags.FlagValues, work: Callable[[ml_collections.ConfigDict, str], Any]
+) -> Any:
+    """What train and pretrain do with their flags: join the other processes, run
+    `work(config, workdir)` with Ctrl-C saying where a rerun resumes, and remove a workdir the run
+    created when it is refused. Returns work's result on process 0, None on the others."""
+    config, workdir = fv.config, fv.workdir
+    if config is None or not workdir:
+        raise UserError("both --config=configs/<name>.py and --workdir=DIR are required")
+    parallel.initialize_from_flags(fv)
+    fresh = not os.path.exists(workdir)
+    with interrupt_detail(lambda: loop.resume_hint(workdir)):
+        try:
+            result = work(config, workdir)
+        except UserError:
+            if fresh and parallel.is_primary():  # a refused run leaves no empty workdir
+                workdirs.remove_if_unused(workdir)
+            raise
+    return result if parallel.is_primary() else None
 
 
 _interrupt_details: list[Callable[[], str]] = []

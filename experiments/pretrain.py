@@ -18,42 +18,22 @@ import os
 import sys
 import time
 
-import ml_collections
 from absl import flags
-from ml_collections import config_flags
 
-from experiments import cli, parallel, workdirs
-from experiments.errors import UserError
-from experiments.training import loop, masked_tokens
+from experiments import cli
+from experiments.training import masked_tokens
 
 
 def define_flags(fv: flags.FlagValues) -> None:
-    config_flags.DEFINE_config_file(
-        "config", None, "Path to a config file[:variant].", flag_values=fv
-    )
-    flags.DEFINE_string(
-        "workdir", None, "Directory for checkpoints, vocabulary and metrics.", flag_values=fv
-    )
-    parallel.define_flags(fv)
+    cli.define_run_flags(fv)
 
 
 def main(fv: flags.FlagValues, argv: list[str]) -> None:
-    config: ml_collections.ConfigDict = fv.config
-    workdir = fv.workdir
-    if config is None or not workdir:
-        raise UserError("both --config=configs/<name>.py and --workdir=DIR are required")
     start = time.perf_counter()
-    parallel.initialize_from_flags(fv)
-    fresh = not os.path.exists(workdir)
-    with cli.interrupt_detail(lambda: loop.resume_hint(workdir)):
-        try:
-            result = masked_tokens.pretrain(config, workdir)
-        except UserError:
-            if fresh and parallel.is_primary():  # a refused run leaves no empty workdir
-                workdirs.remove_if_unused(workdir)
-            raise
-    if not parallel.is_primary():
+    result = cli.run_in_workdir(fv, masked_tokens.pretrain)
+    if result is None:  # not process 0
         return
+    workdir = fv.workdir
     curves = os.path.join(workdir, "curves.png")  # drawn by masked_tokens.pretrain
     print(
         f"validation masked-token accuracy {result['accuracy']:.4f}  loss {result['loss']:.4f}  "

@@ -13,7 +13,7 @@ import pytest
 import tensorflow_datasets as tfds
 from conftest import assert_one_line_error, make_aclimdb, run_here
 
-from experiments import cli, data_info
+from experiments import cli, data_info, fields
 from experiments.data import chosen, datasets, splits
 from experiments.data.splits import SPLITS
 from experiments.errors import UserError
@@ -315,10 +315,10 @@ def test_imdb_config_chooses_its_settings_from_tfds_imdb(network, tmp_path):
     config = imdb.get_config()
     with config.unlocked():
         config.data.data_dir = str(tmp_path)
-    assert chosen.left_to_data(config)
+    assert fields.left_to_data(config)
     with tfds.testing.mock_data(num_examples=60):
         got = chosen.resolve(config)
-    assert not chosen.left_to_data(got)
+    assert not fields.left_to_data(got)
     assert got.data.tokenizer == "word" and 32 <= got.data.max_len <= 512
     assert got.data.tail_len == 3 * got.data.max_len // 4 and 2 <= got.train.num_epochs <= 10
     assert got.optim.warmup_steps > 0 and got.train.eval_every_steps > 0

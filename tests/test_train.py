@@ -21,7 +21,7 @@ from experiments import evaluate, parallel, predict, serving, train, visualize, 
 from experiments.data import batching, encoding, tokenizers
 from experiments.errors import UserError
 from experiments.explain import maps
-from experiments.training import checkpoints, classify, metrics
+from experiments.training import bag_prior, checkpoints, classify, metrics
 
 EVAL_KEYS = {"accuracy", "macro_f1", "loss", "confusion", "num_examples"}
 
@@ -265,7 +265,7 @@ def test_the_bag_can_start_from_naive_bayes_counts_of_the_training_split(
     np.testing.assert_allclose(start, _naive_bayes_reference(workdir, loaded.cfg), atol=1e-5)
     assert np.abs(start).max() > 0.1
     # Resuming restores the table from the checkpoint; counting again would be wasted work.
-    monkeypatch.setattr(train.bag_prior, "naive_bayes", lambda *a: pytest.fail("recounted"))
+    monkeypatch.setattr(bag_prior, "naive_bayes", lambda *a: pytest.fail("recounted"))
     with config.unlocked():
         config.train.max_steps = 2
     train.train_and_evaluate(config, workdir)

@@ -27,33 +27,11 @@ import sys
 import ml_collections
 import numpy as np
 
+from experiments import fields
 from experiments.data import batching, datasets, tokenizers
 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
 _SAMPLE = 5000  # texts looked at for the script and the lengths: enough for a 95th percentile
-
-
-# field -> the value that leaves it to the data
-_AUTO = {
-    "data.tokenizer": "auto",
-    "data.max_len": 0,
-    "data.tail_len": -1,
-    "data.bag_len": -1,
-    "train.num_epochs": 0,
-    "optim.warmup_steps": -1,
-    "train.eval_every_steps": 0,
-    "train.checkpoint_every_steps": 0,
-}
-
-
-def left_to_data(config: ml_collections.ConfigDict) -> set[str]:
-    """The fields of `config` (dotted names) that it leaves to the data; absent ones are not."""
-    out = set()
-    for name, mark in _AUTO.items():
-        section, field = name.split(".")
-        if section in config and field in config[section] and config[section][field] == mark:
-            out.add(name)
-    return out
 
 
 def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -67,7 +45,7 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 def choose(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDict, str]:
     """`resolve`'s config, and its line for the user ("" when the config leaves nothing to the
     data), for a caller that prints it only once its other checks have passed."""
-    auto = left_to_data(config)
+    auto = fields.left_to_data(config)
     if not auto:
         return config, ""
     texts = datasets.load_splits(config.data, ("train",))["train"][0]

@@ -1,8 +1,10 @@
 """The classification objective: the loss (cross-entropy, the pooling penalty, the adversarial
-term), one train step (a pure function; the loop jits it over a `functools.partial`), and the
-model's class probabilities and metrics over a whole split."""
+term), one train step (a pure function; the loop jits it over a `functools.partial`), the
+model's class probabilities and metrics over a whole split, and a whole run of it
+(`train_and_evaluate`, what `python -m experiments.train` calls)."""
 
 import functools
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -14,10 +16,20 @@ import numpy as np
 import optax
 
 from attn import classifier
-from experiments import parallel
-from experiments.data import batching
-from experiments.training import metrics
-from experiments.training.optim import apply_gradients
+from experiments import fields, parallel, workdirs
+from experiments.data import batching, encoding
+from experiments.data.splits import SPLITS
+from experiments.training import (
+    bag_prior,
+    baseline,
+    checkpoints,
+    loop,
+    masked_tokens,
+    metrics,
+    optim,
+    setup,
+    warm_start,
+)
 
 
 def loss_options(optim: ml_collections.ConfigDict) -> dict:
@@ -131,7 +143,7 @@ def train_step(
     else:
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
         (loss, metrics), grads = grad_fn(state["params"], None)
-    return apply_gradients(state, grads, tx, {**metrics, "loss": loss}, ema_decay=ema_decay)
+    return optim.apply_gradients(state, grads, tx, {**metrics, "loss": loss}, ema_decay=ema_decay)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -161,17 +173,8 @@ def probabilities(
     """
     probs_NxC = np.zeros((len(ids), cfg.num_classes), np.float32)
     loss_sum = 0.0
-    for idx, batch in batching.eval_batches(
-        ids,
-        labels,
-        batch_size=data.eval_batch_size,
-        buckets=tuple(data.buckets),
-        max_len=data.max_len,
-        rows=dp.rows(data.eval_batch_size),
-        bag_ids=bag_ids,
-        bag_len=data.bag_len,
-    ):
-        sums, probs_BxC = eval_step(params, dp.put(batch), cfg=cfg)
+    for idx, batch in loop.eval_batches(ids, labels, data=data, dp=dp, bag_ids=bag_ids):
+        sums, probs_BxC = eval_step(params, batch, cfg=cfg)
         probs_NxC[idx] = parallel.fetch(probs_BxC)[: len(idx)]
         loss_sum += float(sums["loss_sum"])
     return probs_NxC, loss_sum
@@ -201,3 +204,79 @@ def evaluate(
         "num_examples": n,
         "examples_per_sec": n / max(seconds, 1e-9),
     }
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+    """Trains, keeps the best-on-validation checkpoint, and returns its test metrics.
+
+    With config.pretrain.num_epochs (or max_steps) > 0 and no model.init_from, it first pretrains
+    the encoder into WORKDIR/pretrain (`masked_tokens.pretrain`) and starts from there.
+    """
+    fields.check(config)
+    if masked_tokens.requested(config):
+        masked_tokens.view(config)
+    start_from = config.model.init_from
+    if not start_from and masked_tokens.requested(config):
+        start_from = os.path.join(workdir, "pretrain")
+        workdirs.check_writable(workdir)
+        masked_tokens.pretrain(config, start_from)
+    s = setup.start(config, workdir, start_from)
+    config, d, o = s.config, s.config.data, s.config.optim
+    data = encoding.load(
+        d,
+        add_cls=config.model.pooling == "cls",
+        workdir=workdir,
+        tokenizer=s.src.tokenizer if s.src else None,
+    )
+    train, validation, test = (data.splits[name] for name in SPLITS)
+    cfg = fields.model_config(config, data.tokenizer.vocab_size, len(data.label_names))
+
+    def init_params(key: jax.Array, fresh: bool) -> dict:
+        # A resumed run overwrites the starting values: count or read them only for a fresh one.
+        bag_VxC = (
+            bag_prior.naive_bayes(cfg, train, d) if o.bag_init == "naive_bayes" and fresh else None
+        )
+        tokens_VxD = warm_start.word_vectors(config, data.tokenizer, train.ids) if fresh else None
+        return optim.init_params(key, cfg, bag_VxC=bag_VxC, tokens_VxD=tokens_VxD)
+
+    def split_metrics(state: dict, split: encoding.Split) -> dict:
+        return evaluate(
+            optim.eval_params(state),
+            cfg,
+            split.ids,
+            split.labels,
+            data=d,
+            dp=s.dp,
+            bag_ids=split.bag_ids,
+        )
+
+    task = setup.Task(
+        cfg=cfg,
+        tokenizer=data.tokenizer,
+        train_ids=train.ids,
+        meta=checkpoints.new_meta(cfg, data.label_names, ema=o.ema_decay > 0),
+        step=functools.partial(train_step, **loss_options(o)),
+        init_params=init_params,
+        batches=lambda start: batching.train_stream(
+            train.ids,
+            train.labels,
+            seed=config.train.seed,
+            start_step=start,
+            rows=s.dp.rows(d.batch_size),
+            bag_ids=train.bag_ids,
+            **batching.options(d),
+        ),
+        evaluate=lambda state: split_metrics(state, validation),
+        ema=o.ema_decay > 0,
+    )
+    best_state = setup.train(s, task, workdir)
+    result = split_metrics(best_state, test)
+    result["step"] = int(best_state["step"])
+    result["label_names"] = list(data.label_names)  # as evaluate's files have them
+    primary = parallel.is_primary()
+    if primary and config.train.baseline:
+        texts = {name: (data.splits[name].texts, data.splits[name].labels) for name in SPLITS}
+        result["baseline"] = baseline.fit_for_run(d, texts, workdir)
+    if primary:
+        workdirs.write_json(os.path.join(workdir, "eval_test.json"), result)
+    return result

@@ -13,12 +13,13 @@ import itertools
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from jax.experimental import multihost_utils
 
 from experiments import parallel
@@ -144,6 +145,30 @@ def _steps(r: Run, state: Any, meta: dict, start: int, last, best) -> None:
                 checkpoints.save(last, step, state, meta)
             if meta.get("stopped_early"):
                 break
+
+
+def eval_batches(
+    ids: Sequence[np.ndarray],
+    labels: np.ndarray,
+    *,
+    data: Any,
+    dp: parallel.DataParallel,
+    bag_ids: Sequence[np.ndarray] | None = None,
+) -> Iterator[tuple[np.ndarray, dict]]:
+    """Every example once, in batches on the devices: (example indices [n <= B], global batch),
+    as config.data `data` sizes and pads them; each process builds only its rows of a batch.
+    What every objective's validation and every evaluation of a split iterate over."""
+    for idx, batch in batching.eval_batches(
+        ids,
+        labels,
+        batch_size=data.eval_batch_size,
+        buckets=tuple(data.buckets),
+        max_len=data.max_len,
+        rows=dp.rows(data.eval_batch_size),
+        bag_ids=bag_ids,
+        bag_len=data.bag_len,
+    ):
+        yield idx, dp.put(batch)
 
 
 def resume_hint(workdir: str) -> str:

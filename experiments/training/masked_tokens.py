@@ -1,5 +1,6 @@
 """The masked-token objective (`attn.masked_lm`) as a run of the train loop: its model config,
-state, train step and validation, beside `optimization`'s classification ones.
+params, train step and validation, beside `classify`'s, and a whole run of it (`pretrain`, what
+`python -m experiments.pretrain` calls).
 
 The state is the classifier's own (`optim.init_state`, no bag: the bag is not pretrained)
 with the masked-token head as one more entry of its params, "mlm", so a pretrained workdir's
@@ -9,7 +10,6 @@ encoder sits where a classifier's does and `warm_start` reads both alike.
 import dataclasses
 import functools
 import os
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,11 +19,11 @@ import numpy as np
 import optax
 
 from attn import classifier, masked_lm
-from experiments import parallel, workdirs
-from experiments.data import batching, chosen, encoding, unlabeled
+from experiments import fields, parallel, workdirs
+from experiments.data import batching, encoding, unlabeled
 from experiments.errors import UserError
 from experiments.explain import plots
-from experiments.training import checkpoints, loop, optim, warm_start
+from experiments.training import checkpoints, loop, optim, setup, warm_start
 
 HEAD = "mlm"
 RESULT = "pretrain.json"  # the best checkpoint's validation metrics and what was read
@@ -34,16 +34,6 @@ def view(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """`config` as the train loop reads it for pretraining: config.pretrain's schedule in place of
     config.train's and config.optim's, and no early stop (more pretraining does not hurt)."""
     p = config.pretrain
-    for name, ok, want in (
-        ("num_epochs", p.num_epochs >= 0, ">= 0"),
-        ("max_steps", p.max_steps >= 0, ">= 0"),
-        ("mask_rate", 0 < p.mask_rate < 1, "in (0, 1)"),
-        ("head_vocab", p.head_vocab == 0 or p.head_vocab > masked_lm.FIRST_REAL, "0 or > 3"),
-        ("eval_every_steps", p.eval_every_steps >= 1, ">= 1"),
-        ("checkpoint_every_steps", p.checkpoint_every_steps >= 1, ">= 1"),
-    ):
-        if not ok:
-            raise UserError(f"config.pretrain.{name} must be {want}; got {p[name]!r}")
     if not (p.num_epochs or p.max_steps):
         raise UserError(
             "config.pretrain.num_epochs and max_steps are 0: set how long to pretrain, e.g. "
@@ -58,29 +48,13 @@ def view(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         patience=0,
     )
     out.optim.update(learning_rate=p.learning_rate, warmup_steps=p.warmup_steps)
-    optim.check_optim(out.optim)
     return out
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> classifier.ModelConfig:
     """The classifier's config without the bag, whose table pretraining would never train."""
-    cfg = optim.model_config(config, vocab_size, num_classes=2)
+    cfg = fields.model_config(config, vocab_size, num_classes=2)
     return dataclasses.replace(cfg, bag_buckets=0)
-
-
-def init_state(
-    key: jax.Array,
-    cfg: classifier.ModelConfig,
-    tx: optax.GradientTransformation,
-    *,
-    tokens_VxD: jax.Array | None = None,
-) -> dict:
-    """`optim.init_state`'s state, its params holding the head as params["mlm"]."""
-    init_key, rng = jax.random.split(key)
-    k_model, k_head = jax.random.split(init_key)
-    params = optim.init_params(k_model, cfg, tokens_VxD=tokens_VxD)
-    params[HEAD] = masked_lm.init_head(k_head, cfg.d_model, cfg.vocab_size)
-    return optim.state_of(params, tx, rng)
 
 
 def encoder_params(params: dict) -> dict:
@@ -147,19 +121,14 @@ def evaluate(
     totals = {"loss_sum": 0.0, "correct": 0.0, "count": 0.0}
     key = jax.random.fold_in(jax.random.PRNGKey(seed), 1)
     labels = np.zeros(len(ids), np.int32)
-    for n, (_, batch) in enumerate(
-        batching.eval_batches(
-            ids,
-            labels,
-            batch_size=data.eval_batch_size,
-            buckets=tuple(data.buckets),
-            max_len=data.max_len,
-            rows=dp.rows(data.eval_batch_size),
-        )
-    ):
-        tokens = dp.put({"tokens": batch["tokens"]})["tokens"]
+    for n, (_, batch) in enumerate(loop.eval_batches(ids, labels, data=data, dp=dp)):
         sums = _eval_step(
-            params, tokens, jax.random.fold_in(key, n), cfg=cfg, rate=rate, predicted=predicted
+            params,
+            batch["tokens"],
+            jax.random.fold_in(key, n),
+            cfg=cfg,
+            rate=rate,
+            predicted=predicted,
         )
         for k in totals:
             totals[k] += float(sums[k])
@@ -186,100 +155,66 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict:
     The texts are the training split's and data.unlabeled's (`unlabeled.load`); the tokenizer is
     built from all of them (or is model.init_from's, or the workdir's on resume).
     """
-    view(config)  # the config's own mistakes first, before any data is read
-    optim.check_model(config)
-    workdirs.check_writable(workdir)
-    src = warm_start.source(config.model.init_from) if config.model.init_from else None
-    if src:
-        config = warm_start.adopt(config, src)
-    config, said = chosen.choose(config)
-    run_config = view(config)
-    d, t, p = config.data, config.train, config.pretrain
-    dp = parallel.data_parallel(d)
+    fields.check(config)  # the config's own mistakes first, before any data is read
+    view(config)
+    s = setup.start(config, workdir)
+    config, d, p = s.config, s.config.data, s.config.pretrain
+    loop_config = view(config)
     texts = unlabeled.load(d)
-    tok = src.tokenizer if src else encoding.tokenizer_for(d, texts.train, workdir)
+    tok = s.src.tokenizer if s.src else encoding.tokenizer_for(d, texts.train, workdir)
     add_cls = config.model.pooling == "cls"
     train_ids, val_ids = (
         encoding.cut(
-            [tok.encode(s) for s in part], max_len=d.max_len, add_cls=add_cls, tail_len=d.tail_len
+            [tok.encode(t) for t in part], max_len=d.max_len, add_cls=add_cls, tail_len=d.tail_len
         )
         for part in (texts.train, texts.validation)
     )
-    cfg = model_config(run_config, tok.vocab_size)
+    cfg = model_config(loop_config, tok.vocab_size)
     k = predicted(config, tok.vocab_size)
-    if src:
-        warm_start.check_encoder(cfg, src)
-    rt = run_config.train
-    total_steps = rt.max_steps or rt.num_epochs * batching.steps_per_epoch(
-        len(train_ids), d.batch_size
-    )
-    tx = optim.make_optimizer(run_config.optim, total_steps)
-    step = jax.jit(
-        functools.partial(train_step, cfg=cfg, tx=tx, rate=p.mask_rate, predicted=k),
-        donate_argnums=0,
-    )
-    workdirs.check_same_run(config, workdir)
-    if parallel.is_primary():
-        if said:
-            print(said, file=sys.stderr)
-        print(texts.summary, file=sys.stderr)
 
-    def init_state_for(fresh: bool) -> dict:
+    def init_params(key: jax.Array, fresh: bool) -> dict:
+        k_model, k_head = jax.random.split(key)
         tokens_VxD = warm_start.word_vectors(config, tok, train_ids) if fresh else None
-        state = init_state(jax.random.PRNGKey(t.seed), cfg, tx, tokens_VxD=tokens_VxD)
-        if src and fresh:  # Adam's moments start at zero whatever the params: only these change
-            state["params"] = warm_start.encoder_params(src, state["params"])
-        return state
+        params = optim.init_params(k_model, cfg, tokens_VxD=tokens_VxD)
+        params[HEAD] = masked_lm.init_head(k_head, cfg.d_model, cfg.vocab_size)
+        return params
 
-    def accept() -> None:
-        workdirs.write_json(os.path.join(workdir, "config.json"), config.to_dict())
-        if not os.path.exists(os.path.join(workdir, "tokenizer.json")):
-            tok.save(workdir)
+    def validate(state: dict) -> dict:
+        return evaluate(
+            state["params"],
+            cfg,
+            val_ids,
+            rate=p.mask_rate,
+            predicted=k,
+            seed=config.train.seed,
+            data=d,
+            dp=s.dp,
+        )
 
     labels = np.zeros(len(train_ids), np.int32)  # the batches' label field; never read here
-    best_state = loop.run(
-        loop.Run(
-            workdir=workdir,
-            config=run_config,
-            dp=dp,
-            total_steps=total_steps,
-            meta=checkpoints.new_meta(cfg, [], ema=False, objective=checkpoints.MASKED_LM),
-            init_state=init_state_for,
-            step=step,
-            batches=lambda start: batching.train_stream(
-                train_ids,
-                labels,
-                seed=t.seed,
-                start_step=start,
-                rows=dp.rows(d.batch_size),
-                batch_size=d.batch_size,
-                buckets=tuple(d.buckets),
-                max_len=d.max_len,
-            ),
-            evaluate=lambda state: evaluate(
-                state["params"],
-                cfg,
-                val_ids,
-                rate=p.mask_rate,
-                predicted=k,
-                seed=t.seed,
-                data=d,
-                dp=dp,
-            ),
-            accept=accept,
-            label=LABEL,
-        )
+    task = setup.Task(
+        cfg=cfg,
+        tokenizer=tok,
+        train_ids=train_ids,
+        meta=checkpoints.new_meta(cfg, [], ema=False, objective=checkpoints.MASKED_LM),
+        step=functools.partial(train_step, rate=p.mask_rate, predicted=k),
+        init_params=init_params,
+        batches=lambda start: batching.train_stream(
+            train_ids,
+            labels,
+            seed=config.train.seed,
+            start_step=start,
+            rows=s.dp.rows(d.batch_size),
+            batch_size=d.batch_size,
+            buckets=tuple(d.buckets),
+            max_len=d.max_len,
+        ),
+        evaluate=validate,
+        label=LABEL,
+        summary=texts.summary,
     )
-    result = evaluate(
-        best_state["params"],
-        cfg,
-        val_ids,
-        rate=p.mask_rate,
-        predicted=k,
-        seed=t.seed,
-        data=d,
-        dp=dp,
-    )
+    best_state = setup.train(s, task, workdir, loop_config)
+    result = validate(best_state)
     result.update(step=int(best_state["step"]), texts=len(train_ids), sources=texts.summary)
     if parallel.is_primary():
         workdirs.write_json(os.path.join(workdir, RESULT), result)

@@ -1,5 +1,5 @@
-"""What a config trains and how: the model config, the optimizer, the train state, the loss and
-one train step (a pure function; the train loop jits it over a `functools.partial`)."""
+"""The optimizer and the train state every objective shares: AdamW with its schedule, fresh
+params and state, the weight average, and one optimizer step on given gradients."""
 
 from collections.abc import Callable
 from typing import Any
@@ -10,63 +10,10 @@ import ml_collections
 import optax
 
 from attn import classifier
-from experiments.errors import UserError
 
 # apply_if_finite would apply a non-finite update after this many skips; the train loop stops
 # long before (config.optim.max_nonfinite), so this only has to be out of reach.
 _NEVER = 2**30
-
-
-# config.model fields that say where a run's parameters start (`warm_start`), not what the model is.
-RUN_FIELDS = ("init_from", "embeddings_from")
-
-
-def model_config(
-    config: ml_collections.ConfigDict, vocab_size: int, num_classes: int
-) -> classifier.ModelConfig:
-    """The frozen model config: `config.model` plus what the data decides."""
-    fields = {k: v for k, v in config.model.to_dict().items() if k not in RUN_FIELDS}
-    try:
-        return classifier.ModelConfig(
-            vocab_size=vocab_size, num_classes=num_classes, max_len=config.data.max_len, **fields
-        )
-    except (TypeError, ValueError) as e:
-        raise UserError(f"config.model: {e}") from None
-
-
-def check_model(config: ml_collections.ConfigDict) -> None:
-    """config.model's mistakes before any data is read: the vocabulary, the classes and a length
-    left to the data are stood in for by valid values."""
-    probe = {"model": config.model.to_dict(), "data": {"max_len": max(config.data.max_len, 1)}}
-    model_config(ml_collections.ConfigDict(probe), vocab_size=4, num_classes=2)
-
-
-BAG_INITS = ("zeros", "naive_bayes")
-
-
-def check_optim(optim: ml_collections.ConfigDict) -> None:
-    """Optimizer settings outside their range fail here, by name, instead of as NaNs later."""
-    rules = {
-        "learning_rate": (lambda v: v > 0, "> 0"),
-        "warmup_steps": (
-            lambda v: v >= -1 and float(v).is_integer(),
-            "an integer >= 0 (or -1: from the data)",
-        ),
-        "weight_decay": (lambda v: v >= 0, ">= 0"),
-        "clip_norm": (lambda v: v > 0, "> 0"),
-        "label_smoothing": (lambda v: 0 <= v < 1, "in [0, 1)"),
-        "penalty_weight": (lambda v: v >= 0, ">= 0"),
-        "adversarial_eps": (lambda v: v >= 0, ">= 0 (0 = no adversarial loss)"),
-        "ema_decay": (lambda v: 0 <= v < 1, "in [0, 1) (0 = no running average)"),
-        "max_nonfinite": (lambda v: v >= 1 and float(v).is_integer(), "an integer >= 1"),
-        "warm_lr_scale": (lambda v: v >= 0, ">= 0 (0 freezes what the run starts from)"),
-    }
-    for name, (ok, want) in rules.items():
-        v = optim[name]
-        if isinstance(v, bool) or not isinstance(v, int | float) or not ok(v):
-            raise UserError(f"config.optim.{name} must be {want}; got {v!r}")
-    if optim.bag_init not in BAG_INITS:
-        raise UserError(f"config.optim.bag_init must be one of {BAG_INITS}; got {optim.bag_init!r}")
 
 
 def make_optimizer(
@@ -142,14 +89,13 @@ def init_state(
     tx: optax.GradientTransformation,
     *,
     ema: bool = False,
-    bag_VxC: jax.Array | None = None,
-    tokens_VxD: jax.Array | None = None,
-):
-    """The classifier's fresh train state (`state_of`); bag_VxC and tokens_VxD as in
-    `init_params`."""
-    init_key, dropout_key = jax.random.split(key)
-    params = init_params(init_key, cfg, bag_VxC=bag_VxC, tokens_VxD=tokens_VxD)
-    return state_of(params, tx, dropout_key, ema=ema)
+    params_from: Callable[[jax.Array], dict] | None = None,
+) -> dict:
+    """A fresh train state (`state_of`) with the params `params_from(k)` makes of a key split from
+    `key` (by default the classifier's, `init_params(k, cfg)`); the other half draws dropout."""
+    init_key, rng = jax.random.split(key)
+    params = params_from(init_key) if params_from else init_params(init_key, cfg)
+    return state_of(params, tx, rng, ema=ema)
 
 
 def eval_params(state: dict) -> Any:

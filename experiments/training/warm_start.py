@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 
 from attn import classifier
-from experiments import parallel, serving, workdirs
+from experiments import fields, parallel, serving, workdirs
 from experiments.data import tokenizers, vectors
 from experiments.errors import UserError
 from experiments.training import checkpoints
@@ -40,8 +40,8 @@ ENCODER_FIELDS = (
     "ngram_buckets",
     "ngram_orders",
 )
-# config.data fields that make the tokenizer -> the mark that leaves one to the data (None: none)
-_DATA_FIELDS = {"tokenizer": "auto", "lowercase": None, "min_freq": None, "max_vocab": None}
+# config.data fields that make the tokenizer, and the length
+_DATA_FIELDS = ("tokenizer", "lowercase", "min_freq", "max_vocab", "max_len")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,10 +93,10 @@ def adopt(config: ml_collections.ConfigDict, src: Source) -> ml_collections.Conf
     out = ml_collections.ConfigDict(config.to_dict())
     d, s = out.data, src.config.data
     diff = []
-    for field, auto in {**_DATA_FIELDS, "max_len": 0}.items():
+    for field in _DATA_FIELDS:
         if d[field] == s[field]:
             continue
-        if d[field] == auto:
+        if d[field] == fields.auto_mark(f"data.{field}"):
             d[field] = s[field]
             if field == "max_len":  # the buckets the data chose with it
                 d.buckets = tuple(s.buckets)
