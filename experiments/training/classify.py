@@ -214,7 +214,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """
     fields.check(config)
     if masked_tokens.requested(config):
-        masked_tokens.view(config)
+        masked_tokens.loop_config(config)
     start_from = config.model.init_from
     if not start_from and masked_tokens.requested(config):
         start_from = os.path.join(workdir, "pretrain")

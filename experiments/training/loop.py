@@ -42,7 +42,7 @@ class Run:
     step: Callable[[Any, dict], tuple[Any, dict]]  # (state, batch) -> (state, metrics); donates
     batches: Callable[[int], Iterator[dict]]  # start step -> host batches from it on, no end
     evaluate: Callable[[Any], dict]  # state -> validation metrics, "accuracy" and "loss" among them
-    accept: Callable[[], None]  # writes the run's files once every check has passed (process 0)
+    write_run_files: Callable[[], None]  # config.json and the tokenizer, once every check passed
     label: str = ""  # what the accuracy and loss are of, when not the labels
 
 
@@ -63,7 +63,7 @@ def run(r: Run) -> Any:
             if start:
                 print(f"resuming from step {start} of {r.total_steps}", file=sys.stderr)
             # Only now, every check passed: a refused run leaves no config or vocabulary behind.
-            r.accept()
+            r.write_run_files()
         if not meta.get("stopped_early"):
             expected = _expected_time(r, state, start)
             if expected and parallel.is_primary():

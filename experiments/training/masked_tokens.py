@@ -30,7 +30,7 @@ RESULT = "pretrain.json"  # the best checkpoint's validation metrics and what wa
 LABEL = "masked-token"  # what this objective's accuracy and loss are of
 
 
-def view(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def loop_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """`config` as the train loop reads it for pretraining: config.pretrain's schedule in place of
     config.train's and config.optim's, and no early stop (more pretraining does not hurt)."""
     p = config.pretrain
@@ -156,10 +156,10 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict:
     built from all of them (or is model.init_from's, or the workdir's on resume).
     """
     fields.check(config)  # the config's own mistakes first, before any data is read
-    view(config)
+    loop_config(config)  # and how long to pretrain
     s = setup.start(config, workdir)
     config, d, p = s.config, s.config.data, s.config.pretrain
-    loop_config = view(config)
+    schedule = loop_config(config)
     texts = unlabeled.load(d)
     tok = s.src.tokenizer if s.src else encoding.tokenizer_for(d, texts.train, workdir)
     add_cls = config.model.pooling == "cls"
@@ -169,7 +169,7 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict:
         )
         for part in (texts.train, texts.validation)
     )
-    cfg = model_config(loop_config, tok.vocab_size)
+    cfg = model_config(schedule, tok.vocab_size)
     k = predicted(config, tok.vocab_size)
 
     def init_params(key: jax.Array, fresh: bool) -> dict:
@@ -213,7 +213,7 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict:
         label=LABEL,
         summary=texts.summary,
     )
-    best_state = setup.train(s, task, workdir, loop_config)
+    best_state = setup.train(s, task, workdir, schedule)
     result = validate(best_state)
     result.update(step=int(best_state["step"]), texts=len(train_ids), sources=texts.summary)
     if parallel.is_primary():

@@ -78,13 +78,13 @@ def train(
     """Runs `task` in `workdir` to its end (resuming what is there); returns the best state.
 
     loop_config is the config the loop reads for its schedule, evaluations and checkpoints
-    (pretraining's own, `masked_tokens.view`); by default the run's. The run's config is what
+    (pretraining's own, `masked_tokens.loop_config`); by default the run's. The run's config is what
     config.json records.
     """
     config = s.config
     lc = loop_config or config
     steps = total_steps(lc.train, len(task.train_ids), config.data.batch_size)
-    tx = optim.make_optimizer(lc.optim, steps, warm_start.warm(config, s.src))
+    tx = optim.make_optimizer(lc.optim, steps, warm_start.warm_mask(config, s.src))
     # The old state is dead once the step returns: donating it lets XLA update the params and
     # both Adam moments in place instead of allocating and copying three tables a step.
     step = jax.jit(functools.partial(task.step, cfg=task.cfg, tx=tx), donate_argnums=0)
@@ -107,7 +107,7 @@ def train(
         key = jax.random.PRNGKey(config.train.seed)
         return optim.init_state(key, task.cfg, tx, ema=task.ema, params_from=params_from)
 
-    def accept() -> None:
+    def write_run_files() -> None:
         workdirs.write_json(os.path.join(workdir, "config.json"), config.to_dict())
         if not tokenizers.saved(workdir):
             task.tokenizer.save(workdir)
@@ -123,7 +123,7 @@ def train(
             step=step,
             batches=task.batches,
             evaluate=task.evaluate,
-            accept=accept,
+            write_run_files=write_run_files,
             label=task.label,
         )
     )

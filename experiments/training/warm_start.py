@@ -140,7 +140,7 @@ def encoder_params(src: Source, params: dict) -> dict:
     return {**params, **state[src.served]}
 
 
-def warm(config: ml_collections.ConfigDict, src: Source | None) -> Callable[[Any], Any] | None:
+def warm_mask(config: ml_collections.ConfigDict, src: Source | None) -> Callable[[Any], Any] | None:
     """params -> a tree of bools marking what the run starts from other than at random (the
     source's encoder, the word vectors' table), for `optimization.make_optimizer`; None when
     nothing is."""

@@ -1,0 +1,152 @@
+"""The train loop on a fake objective, without a model or data: it keeps the best evaluation and
+the last checkpoints, stops early after `patience` stale evaluations (and a rerun does not train
+on), reads each step's metrics only after the next step is dispatched, and resumes a run that
+died to exactly the state an uninterrupted run reaches."""
+
+import os
+
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from attn import classifier
+from experiments import parallel
+from experiments.training import checkpoints, loop, metrics
+
+CFG = classifier.ModelConfig(vocab_size=8, num_classes=2, max_len=8, d_model=8, num_heads=2, d_ff=8)
+BATCH = 8
+
+
+def _config(patience: int = 0) -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict(
+        {
+            "train": {
+                "keep_checkpoints": 2,
+                "eval_every_steps": 3,
+                "checkpoint_every_steps": 3,
+                "log_every_steps": 1,
+                "patience": patience,
+            },
+            "optim": {"max_nonfinite": 5},
+        }
+    )
+
+
+class Fake:
+    """An objective whose state is a running sum of the step numbers it was fed, whose
+    validation accuracy at each evaluated step is scripted, and which records what the loop did."""
+
+    def __init__(self, workdir: str, accuracy: dict[int, float], die_at: int | None = None):
+        self.workdir, self.accuracy, self.die_at = workdir, accuracy, die_at
+        self.stepped: list[int] = []
+        self.logged_when_dispatched: dict[int, list[int]] = {}  # step -> train rows on disk then
+        self.written = 0
+
+    def run(self, total_steps: int, patience: int = 0):
+        return loop.run(
+            loop.Run(
+                workdir=self.workdir,
+                config=_config(patience),
+                dp=parallel.data_parallel({"batch_size": BATCH, "eval_batch_size": BATCH}),
+                total_steps=total_steps,
+                meta=checkpoints.new_meta(CFG, [], ema=False),
+                init_state=lambda fresh: {"w": jnp.float32(0), "step": jnp.int32(0)},
+                step=self.step,
+                batches=self.batches,
+                evaluate=lambda state: {
+                    "accuracy": self.accuracy[int(state["step"])],
+                    "loss": 1 - self.accuracy[int(state["step"])],
+                },
+                write_run_files=self.write_run_files,
+            )
+        )
+
+    def batches(self, start: int):
+        for step in range(start + 1, 10_000):
+            if step == self.die_at:
+                raise RuntimeError("the machine went away")
+            yield {"x": np.full((BATCH,), step, np.float32)}
+
+    def step(self, state, batch):
+        step = int(state["step"]) + 1
+        self.stepped.append(step)
+        rows = metrics.read(self.workdir)
+        self.logged_when_dispatched[step] = [r["step"] for r in rows if r["split"] == "train"]
+        new = {"w": state["w"] + batch["x"][0], "step": state["step"] + 1}
+        m = {
+            "loss": jnp.float32(0.5),
+            "loss_sum": jnp.float32(0.5 * BATCH),
+            "correct": jnp.float32(BATCH / 2),
+            "count": jnp.float32(BATCH),
+            "grad_norm": jnp.float32(1.0),
+            "nonfinite_run": jnp.int32(0),
+            "nonfinite_total": jnp.int32(0),
+        }
+        return new, m
+
+    def write_run_files(self):
+        self.written += 1
+
+
+def _steps_saved(workdir: str, which: str) -> list[int]:
+    return sorted(int(n) for n in os.listdir(os.path.join(workdir, which)) if n.isdigit())
+
+
+ACCURACY = {3: 0.5, 6: 0.7, 9: 0.6, 12: 0.65, 15: 0.8}
+
+
+def test_the_best_evaluation_and_the_last_checkpoints_are_kept(tmp_path):
+    fake = Fake(str(tmp_path), ACCURACY)
+    best = fake.run(total_steps=12)
+    assert fake.stepped == list(range(1, 13)) and fake.written == 1
+    assert int(best["step"]) == 6 and float(best["w"]) == sum(range(1, 7))  # restored, not last
+    assert _steps_saved(str(tmp_path), checkpoints.BEST) == [6]
+    assert _steps_saved(str(tmp_path), checkpoints.LAST) == [9, 12]  # keep_checkpoints=2
+    validation = [r["step"] for r in metrics.read(str(tmp_path)) if r["split"] == "validation"]
+    assert validation == [3, 6, 9, 12]
+
+
+def test_metrics_are_read_one_step_late(tmp_path):
+    fake = Fake(str(tmp_path), ACCURACY)
+    fake.run(total_steps=6)
+    # When step s is dispatched, step s - 1's metrics are still being computed: the log holds
+    # steps up to s - 2 only, except right after an evaluation or a save, which reads them all.
+    assert fake.logged_when_dispatched[2] == []
+    assert fake.logged_when_dispatched[3] == [1]
+    assert fake.logged_when_dispatched[4] == [1, 2, 3]  # step 3 evaluated and saved
+    assert fake.logged_when_dispatched[5] == [1, 2, 3]
+    train_rows = [r["step"] for r in metrics.read(str(tmp_path)) if r["split"] == "train"]
+    assert train_rows == [1, 2, 3, 4, 5, 6]
+
+
+def test_patience_stops_early_and_a_rerun_does_not_train_on(tmp_path):
+    fake = Fake(str(tmp_path), ACCURACY)
+    best = fake.run(total_steps=15, patience=2)
+    assert fake.stepped == list(range(1, 13))  # evaluations 9 and 12 did not beat step 6
+    assert int(best["step"]) == 6 and _steps_saved(str(tmp_path), checkpoints.LAST)[-1] == 12
+    again = Fake(str(tmp_path), ACCURACY)
+    best_again = again.run(total_steps=15, patience=2)
+    assert again.stepped == [] and int(best_again["step"]) == 6
+
+
+def test_a_run_that_died_resumes_to_the_uninterrupted_state(tmp_path):
+    whole = Fake(str(tmp_path / "whole"), ACCURACY)
+    whole.run(total_steps=12)
+    died = Fake(str(tmp_path / "died"), ACCURACY, die_at=8)
+    with pytest.raises(RuntimeError, match="went away"):
+        died.run(total_steps=12)
+    assert _steps_saved(str(tmp_path / "died"), checkpoints.LAST) == [3, 6]
+    resumed = Fake(str(tmp_path / "died"), ACCURACY)
+    resumed.run(total_steps=12)
+    assert resumed.stepped == list(range(7, 13))  # from the last complete checkpoint on
+    for workdir in ("whole", "died"):
+        with checkpoints.reader(str(tmp_path / workdir), checkpoints.LAST) as mngr:
+            state, meta = checkpoints.restore(mngr, 12, {"w": jnp.float32(0), "step": jnp.int32(0)})
+        assert float(state["w"]) == sum(range(1, 13)) and meta["best_val_accuracy"] == 0.7
+    # The dead run's rows past step 6 are replaced, not repeated.
+    rows = {
+        w: [(r["step"], r["split"]) for r in metrics.read(str(tmp_path / w))]
+        for w in ("whole", "died")
+    }
+    assert rows["died"] == rows["whole"]

@@ -1,0 +1,103 @@
+"""Loading a trained run without training one: a workdir written by hand (config.json, a
+tokenizer, checkpoints of a known state) is served with exactly its weights, its labels and a
+description of which checkpoint answers; what cannot be served is refused in one line."""
+
+import os
+import re
+
+import jax
+import numpy as np
+import pytest
+
+from configs import default
+from experiments import fields, serving, workdirs
+from experiments.data import tokenizers
+from experiments.errors import UserError
+from experiments.training import checkpoints, optim
+
+LABELS = ("neg", "pos")
+
+
+def _workdir(tmp_path, *, ema=False, best=True, finished=False, objective=checkpoints.CLASSIFIER):
+    """A workdir as train leaves it: config.json, the tokenizer, a best checkpoint at step 4 (if
+    `best`) and a last one at step 6; returns it and the state saved at step 4."""
+    workdir = str(tmp_path / "run")
+    config = default.get_config("tiny")
+    tok = tokenizers.build_tokenizer(
+        "char", ["好看", "不好"], lowercase=True, min_freq=1, max_vocab=0
+    )
+    cfg = fields.model_config(config, tok.vocab_size, len(LABELS))
+    tx = optim.make_optimizer(config.optim, 10)
+    meta = checkpoints.new_meta(cfg, LABELS, ema=ema, objective=objective)
+    os.makedirs(workdir)
+    workdirs.write_json(os.path.join(workdir, "config.json"), config.to_dict())
+    tok.save(workdir)
+    states = {step: optim.init_state(jax.random.PRNGKey(step), cfg, tx, ema=ema) for step in (4, 6)}
+    for which, step in ((checkpoints.BEST, 4), (checkpoints.LAST, 6)):
+        if which == checkpoints.BEST and not best:
+            continue
+        with checkpoints.writer(workdir, which, 2) as mngr:
+            checkpoints.save(mngr, step, states[step], {**meta, "best_val_accuracy": 0.75})
+    if finished:
+        workdirs.write_json(os.path.join(workdir, "eval_test.json"), {})
+    return workdir, states
+
+
+def _assert_same(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_the_best_checkpoint_is_served_with_its_weights_labels_and_tokenizer(tmp_path):
+    workdir, states = _workdir(tmp_path, finished=True)
+    t = serving.load(workdir)
+    _assert_same(t.params, states[4]["params"])
+    assert (t.step, t.label_names, t.tokenizer.vocab_size) == (4, LABELS, t.cfg.vocab_size)
+    assert t.source == f"the best checkpoint (step 4, validation accuracy 0.7500) of {workdir}"
+    ids = serving.encode(t, "好看好看")
+    assert ids.dtype == np.int32 and len(ids) == 4 and (ids > tokenizers.CLS).all()
+
+
+def test_the_weight_average_is_served_when_the_run_kept_one(tmp_path):
+    workdir, states = _workdir(tmp_path, ema=True)
+    _assert_same(serving.load(workdir).params, states[4]["ema"])
+
+
+def test_an_unfinished_run_answers_but_says_so(tmp_path):
+    workdir, states = _workdir(tmp_path, best=False)
+    t = serving.load(workdir)  # no evaluation yet: the last checkpoint
+    _assert_same(t.params, states[6]["params"])
+    assert t.source == (
+        f"the last checkpoint (step 6) of {workdir}; training has not finished "
+        "(last checkpoint: step 6)"
+    )
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("pretraining", "is a pretraining workdir: it predicts hidden tokens, not labels"),
+        ("no config", "has no config.json; is it a training workdir?"),
+        ("no checkpoint", "holds no checkpoint yet; train (or resume) first"),
+        ("other vocabulary", "ids but the checkpoint expects"),
+        ("missing", "does not exist; train first with experiments.train"),
+    ],
+)
+def test_what_cannot_be_served_is_refused_in_one_line(tmp_path, damage, message):
+    objective = checkpoints.MASKED_LM if damage == "pretraining" else checkpoints.CLASSIFIER
+    workdir, _ = _workdir(tmp_path, objective=objective)
+    if damage == "no config":
+        os.remove(os.path.join(workdir, "config.json"))
+    elif damage == "no checkpoint":
+        for which in (checkpoints.BEST, checkpoints.LAST):
+            for step in os.listdir(os.path.join(workdir, which)):
+                os.rename(os.path.join(workdir, which, step), os.path.join(workdir, f"x{step}"))
+    elif damage == "other vocabulary":
+        tokenizers.build_tokenizer("char", ["好"], lowercase=True, min_freq=1, max_vocab=0).save(
+            workdir
+        )
+    elif damage == "missing":
+        workdir += "_not_there"
+    with pytest.raises(UserError, match=re.escape(message)) as e:
+        serving.load(workdir)
+    assert "\n" not in str(e.value)
