@@ -3,7 +3,6 @@ only its declared dependencies; entry points in experiments/ are imported by no 
 
 import ast
 import importlib.metadata
-import json
 import os
 import pathlib
 import re
@@ -12,6 +11,8 @@ import sys
 import tomllib
 
 ROOT = pathlib.Path(__file__).parent.parent
+# experiments/'s top level: the commands and these modules they share; the rest sit in rooms.
+SHARED = {"cli", "errors", "fields", "parallel", "serving", "workdirs"}
 
 
 def test_readme_python_example_runs():
@@ -40,7 +41,11 @@ def test_library_sources_do_no_io():
 
 
 def test_no_module_in_experiments_imports_an_entry_point():
-    entry_points = {"train", "evaluate", "predict", "visualize", "data_info"}
+    entry_points = {p.stem for p in (ROOT / "experiments").glob("*.py")} - {
+        "__init__",
+        *SHARED,
+    }
+    assert {"train", "pretrain", "evaluate", "predict", "visualize", "faithfulness"} <= entry_points
     for path in sorted((ROOT / "experiments").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.module == "experiments":
@@ -54,20 +59,20 @@ def test_no_module_in_experiments_imports_an_entry_point():
             assert not names & entry_points, f"{path.relative_to(ROOT)} imports {names}"
 
 
-def _installed_root() -> pathlib.Path:
-    """Where the installed packages live: this checkout for `pip install -e .` (what `make`
-    does), site-packages for `pip install .`."""
-    # pip's record of the install (the checkout's own attn.egg-info, beside it, has none).
-    for dist in importlib.metadata.distributions(name="attn"):
-        url = dist.read_text("direct_url.json")
-        if url and not json.loads(url).get("dir_info", {}).get("editable"):
-            return pathlib.Path(dist.locate_file(""))
-    return ROOT
+def test_pip_install_gives_the_library_alone():
+    """`pip install .` installs attn only: top-level packages named experiments or configs would
+    shadow a user's own modules of those names (and need what only the clone installs)."""
+    from setuptools import find_packages
+
+    settings = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]
+    found = find_packages(where=str(ROOT), **settings["setuptools"]["packages"]["find"])
+    assert {p.split(".")[0] for p in found} == {"attn"}, found
 
 
-def test_installed_packages_import_from_anywhere(tmp_path):
+def test_the_clone_imports_from_anywhere_beside_a_folder_named_attn(tmp_path):
     """From another directory, beside a folder named `attn` (e.g. a clone seen from its parent),
-    the installed attn, experiments and configs are imported, not the folder."""
+    the clone's attn, experiments and configs are imported (its editable install, as make
+    does), not the folder."""
     (tmp_path / "attn").mkdir()
     script = tmp_path / "script.py"
     script.write_text(
@@ -78,11 +83,10 @@ def test_installed_packages_import_from_anywhere(tmp_path):
         [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, check=True
     )
     paths = [pathlib.Path(p) for p in out.stdout.split()]
-    root = _installed_root()
     assert paths == [
-        root / "attn" / "__init__.py",
-        root / "configs" / "default.py",
-        root / "experiments" / "data" / "__init__.py",
+        ROOT / "attn" / "__init__.py",
+        ROOT / "configs" / "default.py",
+        ROOT / "experiments" / "data" / "__init__.py",
     ]
 
 
@@ -133,3 +137,11 @@ def test_attn_runs_with_only_its_declared_dependencies(tmp_path):
     # The same path lacks what attn does not declare, so the check above can fail.
     proc = run("import attn.flax_interop")
     assert "No module named 'flax'" in proc.stderr
+
+
+def test_experiments_top_level_holds_the_commands_and_at_most_six_shared_modules():
+    top = {p.stem for p in (ROOT / "experiments").glob("*.py")} - {"__init__"}
+    assert SHARED <= top and len(SHARED) <= 6
+    for name in sorted(top - SHARED):  # a command: flags, then one call, then printing
+        module = importlib.import_module(f"experiments.{name}")
+        assert callable(module.define_flags) and callable(module.main), name
