@@ -162,7 +162,7 @@ def write(
     query: int,
     x_title: str,
 ) -> str:
-    """rows are (caption, tokens, received_L, `explain.explain`'s dict) per text; `steps` is the
+    """rows are (caption, tokens, received_L, `ranking.explain`'s dict) per text; `steps` is the
     first text's head."""
     parts = [
         "<!doctype html><meta charset='utf-8'><title>attention</title>",

@@ -142,7 +142,7 @@ def encoder_params(src: Source, params: dict) -> dict:
 
 def warm_mask(config: ml_collections.ConfigDict, src: Source | None) -> Callable[[Any], Any] | None:
     """params -> a tree of bools marking what the run starts from other than at random (the
-    source's encoder, the word vectors' table), for `optimization.make_optimizer`; None when
+    source's encoder, the word vectors' table), for `optim.make_optimizer`; None when
     nothing is."""
     vectors = bool(config.model.get("embeddings_from"))
     if src is None and not vectors:
