@@ -6,9 +6,9 @@ it can catch mistakes in the vectorised forms. Scores and masks that depend on p
 given as plain per-pair Python functions of (q_i, k_j, i, j) and (i, j). Float64 throughout.
 Slow; for tests only.
 
-`bert` is the same kind of oracle for `attn.bert`: a BERT forward pass written from the paper
-(Devlin et al. 2019) and a Hugging Face checkpoint's own tensor names, one sentence and one head
-at a time, sharing nothing with `attn.bert` (not its key mapping, not its attention).
+`bert` is the same kind of oracle for `attn.bert`: a BERT forward pass written from the BERT
+paper and a Hugging Face checkpoint's own tensor names, one sentence and one head at a time,
+sharing nothing with `attn.bert` (not its key mapping, not its attention).
 """
 
 from __future__ import annotations
@@ -86,7 +86,8 @@ def attention(
 
 
 def bert(tensors: Any, config: Any, ids: Any, mask: Any, types: Any = None) -> np.ndarray:
-    """Last hidden states [B, L, D] (float64) of a BERT checkpoint.
+    """Last hidden states [B, L, D] (float64) of a BERT checkpoint (post-LayerNorm blocks, exact
+    GELU, absolute positions).
 
     tensors: {name: array} under a BertModel's own names (no "bert." prefix; linear weights
     [out, in], as PyTorch stores them); config: config.json as a dict; ids, mask (1 = real
