@@ -144,6 +144,20 @@ def test_prefixed_hub_layout_with_heads_and_legacy_names_loads_the_same(tmp_path
     )
 
 
+def test_roberta_masked_lm_layout_loads_the_same(tmp_path):
+    def hub(t):
+        out = {f"roberta.{k}": v for k, v in t.items()}
+        out["lm_head.dense.weight"] = np.zeros((32, 32), np.float32)
+        out["lm_head.bias"] = np.zeros(99, np.float32)
+        return out
+
+    arch = {"architectures": ["RobertaForMaskedLM"]}
+    params, cfg = bert.load(_variant(tmp_path, hub, arch, name="roberta"))
+    expected, cfg0 = bert.load(DATA / "tiny_roberta")
+    assert cfg == cfg0 and cfg.position_offset == 2
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), params, expected))
+
+
 def test_a_checkpoint_without_pooler_loads_without_one(tmp_path):
     drop = lambda t: {k: v for k, v in t.items() if not k.startswith("pooler.")}
     params, cfg = bert.load(_variant(tmp_path, drop))
