@@ -6,13 +6,15 @@ come from vmap. `attn.dot_product_attention` is that vmap done for you, a drop-i
 masks and implementations. `attn.Attention(score=..., implementation=...)` binds the static
 arguments in a form `jax.jit` and Flax can hold. Submodules: scores, masks, chunked, batched,
 reference, bag, multihead, encoder, positions, pooling, layers, classifier, masked_lm (masked-token
-pretraining), importance (token importance and erasure), and flax_interop (import it explicitly;
+pretraining), importance (token importance and erasure), bert (BERT-family encoders and their
+Hugging Face checkpoints; reading one needs safetensors), and flax_interop (import it explicitly;
 it pulls in Flax).
 """
 
 from attn import (
     bag,
     batched,
+    bert,
     chunked,
     classifier,
     encoder,
@@ -36,6 +38,7 @@ __all__ = [
     "attention",
     "bag",
     "batched",
+    "bert",
     "chunked",
     "classifier",
     "dot_product_attention",

@@ -133,21 +133,42 @@ def apply(
     num_heads: int,
     attend: Attend = attention,
     kv_MxC: jax.Array | None = None,
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """Self-attention of x [L, D] (cross-attention to kv [M, C] when given) under a mask of any
     form `attn.attention` takes: key padding [M] (True = real token), [L, M], or a function of
     positions (`attn.masks`).
 
-    Returns (y [L, D] in x's dtype, weights [H, L, M] float32, or None when the implementation
-    does not materialise them). Padding queries still get an output (attending to real keys);
-    callers pool with the mask, so it never matters.
+    dropout_rate > 0 drops attention weights (BERT's attention dropout): each head gets its own
+    key split from dropout_rng and attend is called with ``dropout_rate=, dropout_rng=`` (which
+    `attn.attention` and `attn.Attention` take, for implementation "matrix"); at rate 0 attend is
+    called without them, so any attend works.
+
+    Returns (y [L, D] in x's dtype, weights [H, L, M] float32 (before dropout), or None when the
+    implementation does not materialise them). Padding queries still get an output (attending to
+    real keys); callers pool with the mask, so it never matters.
     """
     q_HxLxK, k_HxMxK, v_HxMxK, score_params = _project(params, x_LxD, kv_MxC, num_heads)
+    sp_axis = None if score_params is None else 0
+    if dropout_rate > 0.0:
+        if dropout_rng is None:
+            raise ValueError(f"dropout_rate={dropout_rate} needs a dropout_rng; got None")
+
+        def one_head_dropped(q_LxK, k_MxK, v_MxK, sp, r):
+            return attend(
+                q_LxK, k_MxK, v_MxK, mask, score_params=sp, dropout_rate=dropout_rate,
+                dropout_rng=r,
+            )  # fmt: skip
+
+        out_HxLxK, w_HxLxM = jax.vmap(one_head_dropped, in_axes=(0, 0, 0, sp_axis, 0))(
+            q_HxLxK, k_HxMxK, v_HxMxK, score_params, jax.random.split(dropout_rng, num_heads)
+        )
+        return _merge(params, out_HxLxK, x_LxD.dtype), w_HxLxM
 
     def one_head(q_LxK, k_MxK, v_MxK, sp):
         return attend(q_LxK, k_MxK, v_MxK, mask, score_params=sp)
 
-    sp_axis = None if score_params is None else 0
     out_HxLxK, w_HxLxM = jax.vmap(one_head, in_axes=(0, 0, 0, sp_axis))(
         q_HxLxK, k_HxMxK, v_HxMxK, score_params
     )

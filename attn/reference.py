@@ -5,6 +5,10 @@ Written as the textbook defines attention, one output b_i at a time, and indepen
 it can catch mistakes in the vectorised forms. Scores and masks that depend on positions are
 given as plain per-pair Python functions of (q_i, k_j, i, j) and (i, j). Float64 throughout.
 Slow; for tests only.
+
+`bert` is the same kind of oracle for `attn.bert`: a BERT forward pass written from the BERT
+paper and a Hugging Face checkpoint's own tensor names, one sentence and one head at a time,
+sharing nothing with `attn.bert` (not its key mapping, not its attention).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PairMask", "PairScore", "attention"]
+__all__ = ["PairMask", "PairScore", "attention", "bert"]
 
 PairScore = Callable[[np.ndarray, np.ndarray, int, int], float]  # (q_i [d], k_j [d], i, j)
 PairMask = Callable[[int, int], bool]  # (i, j) -> may query i attend to key j
@@ -79,3 +83,62 @@ def attention(
         for j in keys:
             out[i] += weights[i, j] * v[j]
     return out, weights
+
+
+def bert(tensors: Any, config: Any, ids: Any, mask: Any, types: Any = None) -> np.ndarray:
+    """Last hidden states [B, L, D] (float64) of a BERT checkpoint (post-LayerNorm blocks, exact
+    GELU, absolute positions).
+
+    tensors: {name: array} under a BertModel's own names (no "bert." prefix; linear weights
+    [out, in], as PyTorch stores them); config: config.json as a dict; ids, mask (1 = real
+    token), types: [B, L] (types default 0). Positions are 0..L-1; padding keys are left out of
+    every softmax.
+    """
+    t = {name: np.asarray(x, np.float64) for name, x in tensors.items()}
+    ids, mask = np.asarray(ids), np.asarray(mask).astype(bool)
+    types = np.zeros_like(ids) if types is None else np.asarray(types)
+    eps = float(config.get("layer_norm_eps", 1e-12))
+    heads = int(config["num_attention_heads"])
+    d = t["embeddings.word_embeddings.weight"].shape[1]
+    dh = d // heads
+
+    def linear(x: np.ndarray, name: str) -> np.ndarray:
+        return x @ t[f"{name}.weight"].T + t[f"{name}.bias"]
+
+    def norm(x: np.ndarray, name: str) -> np.ndarray:
+        mean = x.mean(-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(-1, keepdims=True)
+        return (x - mean) / np.sqrt(var + eps) * t[f"{name}.weight"] + t[f"{name}.bias"]
+
+    erf = np.vectorize(math.erf)
+
+    def gelu(x: np.ndarray) -> np.ndarray:  # exact: x * Phi(x)
+        return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+
+    batch, length = ids.shape
+    out = np.zeros((batch, length, d))
+    for b in range(batch):
+        real = mask[b]
+        x = (
+            t["embeddings.word_embeddings.weight"][ids[b]]
+            + t["embeddings.position_embeddings.weight"][:length]
+            + t["embeddings.token_type_embeddings.weight"][types[b]]
+        )
+        x = norm(x, "embeddings.LayerNorm")
+        for i in range(int(config["num_hidden_layers"])):
+            p = f"encoder.layer.{i}"
+            q = linear(x, f"{p}.attention.self.query")
+            k = linear(x, f"{p}.attention.self.key")[real]
+            v = linear(x, f"{p}.attention.self.value")[real]
+            per_head = []
+            for h in range(heads):
+                cols = slice(h * dh, (h + 1) * dh)
+                s = q[:, cols] @ k[:, cols].T / math.sqrt(dh)
+                w = np.exp(s - s.max(-1, keepdims=True))
+                per_head.append((w / w.sum(-1, keepdims=True)) @ v[:, cols])
+            a = linear(np.concatenate(per_head, axis=-1), f"{p}.attention.output.dense")
+            x = norm(x + a, f"{p}.attention.output.LayerNorm")
+            f = linear(gelu(linear(x, f"{p}.intermediate.dense")), f"{p}.output.dense")
+            x = norm(x + f, f"{p}.output.LayerNorm")
+        out[b] = x
+    return out

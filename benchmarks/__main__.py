@@ -4,12 +4,14 @@
   python -m benchmarks imdb --imdb_path=DIR/aclImdb [--seeds=0,1,2]
   python -m benchmarks lra
   python -m benchmarks multihost
+  python -m benchmarks bert [--bert_dir=DIR/all-MiniLM-L6-v2]
   python -m benchmarks device [--quick] [--imdb_path=DIR/aclImdb] [--lra_minutes=1.5]
       [--parts=attention,train,lra]
 
 `all` is the first three; `imdb` (tens of minutes per seed on 2 cores), `lra` (the cost of the
-Long Range Arena configs) and `multihost` (two processes against one, about 20 minutes) run
-only when named. `device` is for a GPU or TPU (`benchmarks/device.py`): it writes
+Long Range Arena configs), `multihost` (two processes against one, about 20 minutes) and `bert`
+(a fine-tuning step of a pretrained-size encoder; with --bert_dir, its numerics against
+transformers) run only when named. `device` is for a GPU or TPU (`benchmarks/device.py`): it writes
 `<out>/device.json` instead of a section of results.json.
 
 Writes `<out>/results.json` (sections not run keep their previous results), `<out>/REPORT.md`
@@ -27,7 +29,17 @@ import time
 import jax
 from absl import flags
 
-from benchmarks import accuracy, attention, device, imdb, lra, multihost, report, train_step
+from benchmarks import (
+    accuracy,
+    attention,
+    bert,
+    device,
+    imdb,
+    lra,
+    multihost,
+    report,
+    train_step,
+)
 from experiments import cli
 from experiments.errors import UserError
 
@@ -39,6 +51,7 @@ SECTIONS = {
     "imdb": lambda fv, prev: imdb.run(fv.quick, fv.imdb_path, fv.seeds, prev),
     "lra": lambda fv, prev: lra.run(fv.quick),
     "multihost": lambda fv, prev: multihost.run(fv.quick),
+    "bert": lambda fv, prev: bert.run(fv.quick, fv.bert_dir),
 }
 ALL = ("attention", "train", "accuracy")
 
@@ -61,6 +74,9 @@ def define_flags(fv: flags.FlagValues) -> None:
     )
     flags.DEFINE_list(
         "parts", list(device.PARTS), "`device`: which of its parts to run.", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "bert_dir", "", "`bert`: a BERT model directory to check numerics on.", flag_values=fv
     )
 
 

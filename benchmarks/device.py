@@ -11,6 +11,10 @@ On JAX's default backend it measures, prints and writes to `<out>/device.json`:
              float32 against bfloat16 (`config.model.dtype`), interleaved, on every device
   lra        with --imdb_path: configs/lra_text.py trained from that local aclImdb folder for
              about --lra_minutes of steps, and the test accuracy it reached
+  bert       the fine-tuning step of an all-MiniLM-L6-v2-shaped `attn.bert` encoder
+             (`benchmarks/bert.py`) at L = 512, in float32 and bfloat16, with attn's matrix and
+             chunked attention and with jax.nn.dot_product_attention: time, tokens/s, the ratio
+             to jax.nn and the share of the same dtype's matmul rate
 A figure that cannot be measured (cuDNN off a GPU, a program larger than the device's memory, the
 LRA run without --imdb_path) is still listed, with the reason. `--quick` measures every figure at
 tiny sizes in seconds: the command's smoke test on a CPU. `--parts` runs a subset.
@@ -30,16 +34,18 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 
-from attn.attention import IMPLEMENTATIONS
+from attn.attention import IMPLEMENTATIONS, Attention
 from attn.attention import attention as attend
 from benchmarks import attention as attention_section
+from benchmarks import bert as bert_section
 from benchmarks import config_file, lra, timing
 from experiments import fields, parallel, train
 from experiments.errors import UserError
 from experiments.training import classify, optim
 
-PARTS = ("attention", "train", "lra")
+PARTS = ("attention", "train", "lra", "bert")
 LENGTHS = (512, 2048, 8192)
 DTYPES = ("bfloat16", "float32")
 REFERENCE = "jax.nn xla"
@@ -55,10 +61,13 @@ class Sizes:
     matmul_n: int
     group_seconds: float  # timing budget of the methods at one (L, dtype), once compiled
     lra_config: str
+    bert_batch: int = 32
+    bert_length: int = 512
+    bert_tiny: bool = False  # a 2-layer, d=32 encoder instead of all-MiniLM-L6-v2's shape
 
 
 ON_DEVICE = Sizes(4, 8, 64, 0, 4096, 3.0, "lra_text.py")
-QUICK = Sizes(1, 2, 16, 32, 128, 0.05, "lra_text.py:tiny")
+QUICK = Sizes(1, 2, 16, 32, 128, 0.05, "lra_text.py:tiny", 2, 16, True)
 
 
 def _ours(implementation: str) -> Callable:
@@ -77,6 +86,17 @@ METHODS: dict[str, Callable] = {
 }
 
 
+BERT_METHODS: dict[str, Callable] = {
+    "attn matrix": attend,
+    "attn chunked": Attention(implementation="chunked"),
+    REFERENCE: bert_section.jax_nn_attend,
+}
+
+
+def bert_figure(method: str, dtype: str) -> str:
+    return f"bert fine-tuning step, {method}, {dtype}"
+
+
 def attention_figure(method: str, length: int, dtype: str) -> str:
     return f"attention fwd+bwd, {method}, L={length}, {dtype}"
 
@@ -91,6 +111,7 @@ def figures() -> list[str]:
         for m in METHODS
     ]
     names += [f"train step, configs/imdb.py, {dtype}" for dtype in DTYPES]
+    names += [bert_figure(m, dtype) for dtype in DTYPES for m in BERT_METHODS]
     return [*names, "lra_text test accuracy"]
 
 
@@ -260,6 +281,66 @@ def train_rows(quick: bool, sizes: Sizes) -> dict:
     return {"shape": shape, "rows": rows, "bfloat16_speedup": speedup}
 
 
+def bert_rows(sizes: Sizes, matmul: dict[str, float]) -> list[dict]:
+    """The fine-tuning step of `benchmarks/bert.py` on one device, per dtype and attention."""
+    base = bert_section.MINILM
+    if sizes.bert_tiny:
+        base = dataclasses.replace(
+            base, vocab_size=100, d_model=32, num_layers=2, num_heads=4, d_ff=64
+        )
+    batch_size, length = sizes.bert_batch, sizes.bert_length
+    tx = optax.adamw(1e-4, weight_decay=0.01)
+    flops = bert_section.step_flops(base, batch_size, length)
+    rows = []
+    for dtype in DTYPES:
+        cfg = dataclasses.replace(base, dtype=dtype)
+        state = bert_section.init_state(jax.random.key(0), cfg, tx)
+        batch = bert_section.make_batch(cfg, batch_size, length)
+        cells, runs = {}, {}
+        for name, fn in BERT_METHODS.items():
+            cells[name] = {"figure": bert_figure(name, dtype), "method": name, "dtype": dtype}
+            cells[name].update(L=length, batch=batch_size)
+            try:
+                compiled, compile_s, temp = bert_section.compile_steps(
+                    cfg, {name: fn}, batch, tx, state
+                )[name]
+            except Exception as e:  # e.g. out of memory while compiling
+                cells[name]["skipped"] = f"does not compile here: {_first_line(e)}"
+                continue
+            cells[name].update(compile_s=compile_s, memory_bytes=temp)
+            runs[name] = compiled
+        if runs:
+            first = timing.time_interleaved(runs, 1)
+            per_round = sum(t[0] for t in first.values())
+            repeats = max(3, min(20, int(4 * sizes.group_seconds / max(per_round, 1e-9))))
+            for name, ts in timing.time_interleaved(runs, repeats).items():
+                t = statistics.median(ts)
+                cells[name].update(
+                    step_s=t,
+                    repeats=repeats,
+                    tokens_per_s=batch_size * length / t,
+                    tflops=flops / t / 1e12,
+                    fraction_of_matmul=flops / t / matmul[dtype],
+                )
+        ref = cells[REFERENCE].get("step_s")
+        for cell in cells.values():
+            if ref and "step_s" in cell:
+                cell["ratio_vs_jax_nn"] = cell["step_s"] / ref
+            rows.append(cell)
+            print(_bert_line(cell))
+    return rows
+
+
+def _bert_line(c: dict) -> str:
+    head = f"bert step L={c['L']} B={c['batch']} {c['dtype']:8s} {c['method']:13s}"
+    if "step_s" not in c:
+        return f"{head} skipped: {c['skipped']}"
+    return (
+        f"{head} {c['step_s'] * 1e3:9.2f} ms {c['ratio_vs_jax_nn']:5.2f}x jax.nn "
+        f"{c['tokens_per_s']:10.0f} tok/s {c['fraction_of_matmul']:6.1%} of matmul"
+    )
+
+
 def lra_run(sizes: Sizes, imdb_path: str, minutes: float) -> dict:
     """configs/lra_text.py from a local aclImdb folder for about `minutes` of train steps (the
     step time measured first, on every device), then its test accuracy."""
@@ -348,7 +429,7 @@ def run(quick: bool, out: str, imdb_path: str, lra_minutes: float, parts: list[s
         f"{jax.device_count()} x {dev.device_kind} ({dev.platform}), jax {jax.__version__}"
         + (" (--quick: tiny sizes)" if quick else "")
     )
-    if "attention" in parts:
+    if "attention" in parts or "bert" in parts:
         matmul = {}
         for dtype in DTYPES:
             matmul[dtype] = timing.matmul_flops(sizes.matmul_n, 5, jnp.dtype(dtype))
@@ -357,6 +438,7 @@ def run(quick: bool, out: str, imdb_path: str, lra_minutes: float, parts: list[s
             {"figure": f"matmul rate, {dtype}", "dtype": dtype, "n": sizes.matmul_n, "flops": f}
             for dtype, f in matmul.items()
         ]
+    if "attention" in parts:
         shape = f"batch {sizes.batch}, {sizes.heads} heads, head dim {sizes.head_dim}"
         print(f"attention fwd+bwd on one device, q, k, v [B, L, H, D]: {shape}")
         result["attention"] = attention_rows(sizes, matmul)
@@ -364,6 +446,8 @@ def run(quick: bool, out: str, imdb_path: str, lra_minutes: float, parts: list[s
         result["train"] = train_rows(quick, sizes)
     if "lra" in parts:
         result["lra"] = lra_run(sizes, imdb_path, lra_minutes)
+    if "bert" in parts:
+        result["bert"] = bert_rows(sizes, matmul)
     result["wall_s"] = time.perf_counter() - start
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "device.json")

@@ -402,6 +402,65 @@ def _multihost_md(mh: dict) -> list[str]:
     ]
 
 
+def _bert_md(sec: dict) -> list[str]:
+    m = sec["model"]
+    lines = [
+        "## 7. A pretrained-size encoder (`attn.bert`): fine-tuning step and numerics",
+        "",
+        f"Encoder ({m['num_layers']} layers, d={m['d_model']}, "
+        f"{m['num_heads']} heads, FF {m['d_ff']}, vocabulary {m['vocab_size']:,}; "
+        f"{sec['param_count']:,} parameters, random; all-MiniLM-L6-v2's shape in the full run), "
+        "float32. One step: forward, backward of "
+        "the mean-pooled cross-entropy, optax AdamW over every parameter; hidden dropout on, "
+        "attention dropout off. `attn` runs `attn.attention` (matrix) in every head, `jax.nn` "
+        "the same encoder with `jax.nn.dot_product_attention` in its place; `attn chunked` is "
+        "compiled only, for its memory. Interleaved, median; speed ratio = jax.nn time / attn "
+        f"time. GFLOP/s: matmul FLOPs (3x forward) per second, against the {sec['matmul_n']}² "
+        f"float32 matmul measured in the same run: **{sec['matmul_flops'] / 1e9:.1f} GFLOP/s**. "
+        "Command: `python -m benchmarks bert --bert_dir=DIR/all-MiniLM-L6-v2`.",
+        "",
+        "| L | batch | attn s/step | jax.nn s/step | speed ratio | attn tokens/s | attn GFLOP/s "
+        "| of matmul | temp MiB attn / jax.nn / attn chunked | repeats |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sec["rows"]:
+        a, j = r["attn"], r["jax.nn"]
+        mem = " / ".join(
+            f"{r[k]['temp_bytes'] / 2**20:.0f}" for k in ("attn", "jax.nn", "attn chunked")
+        )
+        lines.append(
+            f"| {r['L']} | {r['batch']} | {a['step_s']:.3f} | {j['step_s']:.3f} | "
+            f"{r['ratio']:.3f} | {a['tokens_per_s']:.0f} | {a['gflops']:.1f} | "
+            f"{a['fraction_of_matmul']:.0%} | {mem} | {r['repeats']} |"
+        )
+    t = sec["targets"]["step_speed"]
+    lines += ["", f"Target: {t['target']}: {_met(t)} (worst {t['worst']:.3f}).", ""]
+    n = sec["numerics"]
+    if "skipped" in n:
+        lines += [f"Numerics: not measured ({n['skipped']}).", ""]
+        return lines
+    lines += [
+        f"Numerics on {n['model']} ({n['param_count']:,} parameters loaded, the file's "
+        f"{n['file_float_values']:,} float values): last hidden states of {n['real_tokens']} "
+        f"real tokens of real sentences (ids {n['shape']}, largest |value| "
+        f"{n['largest_abs_value']:.2f}), max abs difference:",
+        "",
+        "| attn.bert compute | vs transformers FlaxBertModel (float32) | vs float64 numpy |",
+        "|---|---|---|",
+    ]
+    for dtype in ("float32", "bfloat16"):
+        d = n[dtype]
+        lines.append(f"| {dtype} | {d['vs_flax']:.2e} | {d['vs_float64_numpy']:.2e} |")
+    lines += [
+        "",
+        f"The float64 numpy forward is {n['oracle_vs_flax']:.2e} from FlaxBertModel. Reference "
+        "file: `benchmarks/bert_reference.py --model DIR` in a separate environment with "
+        "transformers 4.57 (tests/data/bert/versions.json).",
+        "",
+    ]
+    return lines
+
+
 def write(results: dict, out: str) -> None:
     """results.json, and REPORT.md (+ PNGs) for every section present."""
     os.makedirs(out, exist_ok=True)
@@ -423,6 +482,7 @@ def write(results: dict, out: str) -> None:
         ("imdb", _imdb_md),
         ("lra", _lra_md),
         ("multihost", _multihost_md),
+        ("bert", _bert_md),
     )
     for name, fn in sections:
         if name not in results:

@@ -13,6 +13,7 @@ from conftest import ROOT, make_aclimdb, tiny_config
 from attn import classifier
 from benchmarks import __main__ as bench_main
 from benchmarks import accuracy, attention, flax_twin, report, timing, train_step
+from benchmarks import bert as bert_section
 from experiments import cli
 
 COMMITTED = ROOT / "benchmarks"
@@ -96,7 +97,9 @@ def test_time_interleaved_alternates():
 def test_unknown_section_is_user_error(capsys):
     assert cli.run(bench_main.define_flags, bench_main.main, ["benchmarks", "speed"]) == 2
     err = capsys.readouterr().err
-    assert "attention, train, accuracy, imdb, lra, multihost, all, device; got ['speed']" in err
+    assert (
+        "attention, train, accuracy, imdb, lra, multihost, bert, all, device; got ['speed']" in err
+    )
 
 
 @pytest.mark.parametrize(
@@ -199,3 +202,30 @@ def test_accuracy_targets_need_every_seed_and_a_point_on_average():
     collapsed = {**bases, "seeds": {"0": _run(0.9, first=0.5), "1": _run(0.9, short=0.95)}}
     t = accuracy.targets(collapsed)
     assert not t["no_collapse"]["met"] and not t["short_reviews"]["met"]
+
+
+def test_bert_section_times_both_attentions_and_reports_them(tmp_path, capsys):
+    argv = ["benchmarks", "bert", "--quick", f"--out={tmp_path}"]
+    assert cli.run(bench_main.define_flags, bench_main.main, argv) == 0
+    sec = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))["bert"]
+    (row,) = sec["rows"]
+    for name in ("attn", "jax.nn"):
+        assert row[name]["step_s"] > 0 and 0 < row[name]["fraction_of_matmul"]
+        assert row[name]["tokens_per_s"] == pytest.approx(
+            row["batch"] * row["L"] / row[name]["step_s"]
+        )
+    assert row["ratio"] == pytest.approx(row["jax.nn"]["step_s"] / row["attn"]["step_s"])
+    assert row["attn chunked"]["temp_bytes"] >= 0
+    assert sec["numerics"] == {"skipped": "no --bert_dir (a BERT model directory)"}
+    written = (tmp_path / "REPORT.md").read_text(encoding="utf-8")
+    assert "## 7. A pretrained-size encoder" in written and "Numerics: not measured" in written
+
+
+def test_bert_numerics_against_a_reference_file(tmp_path, monkeypatch):
+    data = ROOT / "tests" / "data" / "bert"
+    shutil.copy(data / "tiny_bert_golden.npz", tmp_path / "tiny_bert_reference.npz")
+    monkeypatch.setattr(bert_section, "REFERENCES", str(tmp_path))
+    n = bert_section.numerics(str(data / "tiny_bert"))
+    assert n["param_count"] == n["file_float_values"] == 20_640
+    assert n["float32"]["vs_flax"] < 1e-5 and n["float32"]["vs_float64_numpy"] < 1e-5
+    assert 1e-5 < n["bfloat16"]["vs_flax"] < 0.2  # bfloat16 drifts, but not by much

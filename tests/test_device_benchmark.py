@@ -23,6 +23,7 @@ def test_quick_run_measures_or_names_every_figure(tmp_path, capsys):
     out = capsys.readouterr().out
     result = json.loads((tmp_path / "device.json").read_text(encoding="utf-8"))
     rows = [*result["matmul"], *result["attention"], *result["train"]["rows"], result["lra"]]
+    rows += result["bert"]
     assert sorted(r["figure"] for r in rows) == sorted(device.figures())
     assert result["device"]["platform"] == "cpu" and result["quick"] is True
 
@@ -48,6 +49,11 @@ def test_quick_run_measures_or_names_every_figure(tmp_path, capsys):
     for r in train["rows"]:
         assert r["examples_per_s"] > 0 and r["param_dtypes"] == ["float32"]  # bf16 or not
     assert "bfloat16/float32 speed" in out
+
+    for r in result["bert"]:
+        assert r["step_s"] > 0 and r["tokens_per_s"] > 0 and r["fraction_of_matmul"] > 0
+        assert device._bert_line(r) in out
+    assert {r["ratio_vs_jax_nn"] for r in result["bert"] if r["method"] == device.REFERENCE} == {1}
 
     lra = result["lra"]
     # Bounded by the time budget and, for the tiny config, by its own 6 steps.

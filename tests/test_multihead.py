@@ -226,3 +226,20 @@ def test_cross_attention_matches_the_per_head_loop():
     np.testing.assert_allclose(y, y_ref, atol=1e-5)
     with pytest.raises(ValueError, match=r"params\['k'\]\['w'\] has shape \(5, 12\).*4 features"):
         multihead.apply(params, x_LxD, mask_M, num_heads=H, kv_MxC=kv_MxC[:, :4])
+
+
+def test_attention_dropout_draws_a_mask_per_head_and_needs_a_key():
+    # Two identical heads (same q, k, v columns, identity output): equal halves without dropout.
+    keys = jax.random.split(jax.random.key(0), 3)
+    p = {
+        name: {"w": jnp.tile(jax.random.normal(k, (4, 2)), (1, 2)), "b": jnp.zeros(4)}
+        for name, k in zip("qkv", keys, strict=True)
+    }
+    p["o"] = {"w": jnp.eye(4), "b": jnp.zeros(4)}
+    x = jax.random.normal(jax.random.key(1), (6, 4))
+    y0, _ = multihead.apply(p, x, num_heads=2)
+    np.testing.assert_allclose(y0[:, :2], y0[:, 2:], atol=1e-6)
+    y1, _ = multihead.apply(p, x, num_heads=2, dropout_rate=0.5, dropout_rng=jax.random.key(2))
+    assert float(jnp.abs(y1[:, :2] - y1[:, 2:]).max()) > 0.01  # each head its own mask
+    with pytest.raises(ValueError, match="needs a dropout_rng"):
+        multihead.apply(p, x, num_heads=2, dropout_rate=0.5)

