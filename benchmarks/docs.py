@@ -3,9 +3,9 @@
 A page holds a number only between two markers, `<!-- results:NAME -->` and
 `<!-- /results:NAME -->`; `render` replaces what lies between them with `RENDER[NAME](results)`.
 A block (a table, a list) starts and ends on its own line; an inline fact (`85.88%`) sits inside
-a sentence. `python -m benchmarks.report` rewrites every page, and `tests/test_docs.py` fails
-when a page differs from what results.json renders, so a number is typed nowhere: a new run of
-`python -m benchmarks` changes the pages in the same commit as results.json.
+a sentence. After `python -m benchmarks` writes results.json, `python -m benchmarks.report`
+rewrites every page, and `tests/test_docs.py` fails while a page differs from what results.json
+renders: a number is typed nowhere, and new results change the pages in the same commit.
 """
 
 import math
