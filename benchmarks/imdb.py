@@ -35,7 +35,7 @@ def run(quick: bool, path: str, seeds: list[str], previous: dict | None) -> dict
     results["anchors"] = ANCHORS
     previous = previous or {}
     same = previous.get("path") == results["path"]
-    same = same and workdirs.complete(previous.get("recipe", {})) == recipe
+    same = same and fields.complete(previous.get("recipe", {})) == recipe
     results["seeds"] = dict(previous.get("seeds", {})) if same else {}
     for seed in seeds:
         with config.unlocked():

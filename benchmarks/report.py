@@ -1,8 +1,15 @@
-"""The report: results.json as written, and REPORT.md with a table and the targets (met or
-missed) of every section present, the attention plots, and the hand-written analysis.md."""
+"""The report: results.json as written, and REPORT.md, the reader's summary: the headline results
+and their verdict, every target met or missed, the commands and the figures, then each section's
+table. The hand-written reasoning, analysis.md, sits beside it and is linked, not appended.
+
+`python -m benchmarks.report [--out=benchmarks]` rewrites REPORT.md, its plots and the results
+regions of README.md and docs/*.md from the committed results.json, without running anything.
+"""
 
 import json
 import os
+import re
+import sys
 
 import matplotlib
 
@@ -10,7 +17,7 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks import attention  # noqa: E402
+from benchmarks import attention, docs  # noqa: E402
 
 
 def _met(t: dict) -> str:
@@ -92,7 +99,7 @@ def _attention_md(att: dict, out: str) -> list[str]:
     )
     compiled = any("compile_s" in r for r in att["rows"])
     lines = [
-        "## 1. Attention kernels",
+        f"## {SECTIONS['attention'][0]}",
         "",
         f"float32, batch {att['batch']}, {att['heads']} heads; q, k, v [B, L, H, D]; no mask. "
         f"`matrix` and `chunked` are `attn.attention.attention` vmapped over batch and heads; "
@@ -189,7 +196,7 @@ def _train_md(tr: dict) -> list[str]:
     p, t = tr["pipeline"], tr["targets"]["train_speed"]
     m = tr["model"]
     lines = [
-        "## 2. Train step: ours vs a flax.linen twin",
+        f"## {SECTIONS['train'][0]}",
         "",
         f"`experiments.training.classify.train_step` (jit) against `benchmarks.flax_twin` "
         f"(`nn.MultiHeadDotProductAttention`, same embedding, positions, pre-LN blocks, pooling "
@@ -229,7 +236,7 @@ def _accuracy_md(acc: dict) -> list[str]:
     b, bs, t = acc["tfidf_logreg"], acc["tfidf_sublinear_logreg"], acc["targets"]
     seeds = sorted(acc["seeds"], key=int)
     lines = [
-        "## 3. Accuracy",
+        f"## {SECTIONS['accuracy'][0]}",
         "",
         f"`experiments.train.train_and_evaluate(configs/{acc['config']}, tmp)` once per seed "
         f"({', '.join(seeds)}); wall time includes data loading, tokenizer, compiles, training, "
@@ -308,7 +315,7 @@ def _imdb_md(sec: dict) -> list[str]:
     m = sec["targets"]["mean_beats_baseline"]
     runs = [sec["seeds"][s] for s in t["seeds"]]
     lines = [
-        "## 4. IMDB",
+        f"## {SECTIONS['imdb'][0]}",
         "",
         f"`configs/{sec['config']}` on {_imdb_source(sec)}: the official train/test split, "
         "validation a hash-selected 10% of train; the checkpoint with the best validation "
@@ -356,7 +363,7 @@ def _imdb_md(sec: dict) -> list[str]:
 def _lra_md(sec: dict) -> list[str]:
     names = list(sec["rows"][0]["hours_on"]) if sec["rows"] else []
     lines = [
-        "## 5. Long Range Arena text: cost",
+        f"## {SECTIONS['lra'][0]}",
         "",
         "`configs/lra_text.py` (UTF-8 bytes, 4 layers, d=256) at its longest bucket: one train "
         "step measured here (one step after compiling, random bytes), and the whole run "
@@ -383,7 +390,7 @@ def _lra_md(sec: dict) -> list[str]:
 def _multihost_md(mh: dict) -> list[str]:
     t = mh["median_step_s"]
     return [
-        "## 6. Several processes: two processes against one",
+        f"## {SECTIONS['multihost'][0]}",
         "",
         f"`configs/{mh['config']}` train step on {mh['devices']} CPU devices: one process, or "
         f"two processes of {mh['devices'] // 2} devices each joined by jax.distributed (gloo "
@@ -405,7 +412,7 @@ def _multihost_md(mh: dict) -> list[str]:
 def _bert_md(sec: dict) -> list[str]:
     m = sec["model"]
     lines = [
-        "## 7. A pretrained-size encoder (`attn.bert`): fine-tuning step and numerics",
+        f"## {SECTIONS['bert'][0]}",
         "",
         f"Encoder ({m['num_layers']} layers, d={m['d_model']}, "
         f"{m['num_heads']} heads, FF {m['d_ff']}, vocabulary {m['vocab_size']:,}; "
@@ -417,7 +424,7 @@ def _bert_md(sec: dict) -> list[str]:
         "compiled only, for its memory. Interleaved, median; speed ratio = jax.nn time / attn "
         f"time. GFLOP/s: matmul FLOPs (3x forward) per second, against the {sec['matmul_n']}² "
         f"float32 matmul measured in the same run: **{sec['matmul_flops'] / 1e9:.1f} GFLOP/s**. "
-        "Command: `python -m benchmarks bert --bert_dir=DIR/all-MiniLM-L6-v2`.",
+        f"Command: `{SECTIONS['bert'][1]}`.",
         "",
         "| L | batch | attn s/step | jax.nn s/step | speed ratio | attn tokens/s | attn GFLOP/s "
         "| of matmul | temp MiB attn / jax.nn / attn chunked | repeats |",
@@ -461,6 +468,99 @@ def _bert_md(sec: dict) -> list[str]:
     return lines
 
 
+# section key -> (heading, command); the heading's anchor is where the summary links.
+SECTIONS = {
+    "attention": ("1. Attention kernels", "python -m benchmarks attention"),
+    "train": ("2. Train step: ours vs a flax.linen twin", "python -m benchmarks train"),
+    "accuracy": ("3. Accuracy", "python -m benchmarks accuracy --seeds=0,1,2"),
+    "imdb": ("4. IMDB", "python -m benchmarks imdb --imdb_path=DIR/aclImdb --seeds=0,1,2"),
+    "lra": ("5. Long Range Arena text: cost", "python -m benchmarks lra"),
+    "multihost": (
+        "6. Several processes: two processes against one",
+        "python -m benchmarks multihost",
+    ),
+    "bert": (
+        "7. A pretrained-size encoder (attn.bert): fine-tuning step and numerics",
+        "python -m benchmarks bert --bert_dir=DIR/all-MiniLM-L6-v2",
+    ),
+}
+
+
+def anchor(heading: str) -> str:
+    """The anchor GitHub gives a markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _targets(results: dict) -> list[tuple[str, str, bool]]:
+    """(section key, target, met) for every target of every section present, in report order."""
+    out = []
+    for key in SECTIONS:
+        sec = results.get(key, {})
+        for t in sec.get("targets", {}).values():
+            out.append((key, t["target"], t["met"]))
+        if "batched" in sec:
+            out.append((key, sec["batched"]["target"], sec["batched"]["met"]))
+    return out
+
+
+def _summary_md(results: dict) -> list[str]:
+    lines = []
+    if "accuracy" in results and "imdb" in results:
+        lines += [
+            "## In short",
+            "",
+            docs.headline(results),
+            "",
+            docs.verdict(results),
+            "",
+        ]
+    if all(k in results for k in ("attention", "train", "multihost")):
+        lines += [docs.speed(results), ""]
+    targets = _targets(results)
+    if targets:
+        met = sum(m for _, _, m in targets)
+        lines += [
+            f"## Targets: {met} of {len(targets)} met",
+            "",
+            "| section | target | verdict |",
+            "| --- | --- | --- |",
+        ]
+        for key, target, m in targets:
+            title = SECTIONS[key][0]
+            lines.append(
+                f"| [{title.split(':')[0]}](#{anchor(title)}) | {target} | {_met({'met': m})} |"
+            )
+        lines.append("")
+    lines += [
+        "## Commands",
+        "",
+        "| section | command | wall time of the run below |",
+        "| --- | --- | --- |",
+    ]
+    for key, (title, command) in SECTIONS.items():
+        if key in results:
+            wall = results[key].get("wall_s", 0)
+            lines.append(
+                f"| [{title.split(':')[0]}](#{anchor(title)}) | `{command}` | {wall / 60:.0f} min |"
+            )
+    lines += [
+        "",
+        "`python -m benchmarks all` runs the first three; `python -m benchmarks device` is for a "
+        "GPU or TPU (it writes `device.json`, not a section here); `python -m benchmarks.report` "
+        "rewrites this page and the results in README.md and docs/ from results.json alone.",
+        "",
+        "Figures: [attention time](attention_time.png) and [memory](attention_memory.png) "
+        "against L (section 1); [the default's faithfulness](faithfulness_default.png) "
+        "(analysis.md).",
+        "",
+        "Why each number is what it is, what was tried and did not help, short reviews, the "
+        "priors, the data the recipe was not tuned on, and the faithfulness of attention maps: "
+        "[analysis.md](analysis.md), hand-written.",
+        "",
+    ]
+    return lines
+
+
 def write(results: dict, out: str) -> None:
     """results.json, and REPORT.md (+ PNGs) for every section present."""
     os.makedirs(out, exist_ok=True)
@@ -469,11 +569,13 @@ def write(results: dict, out: str) -> None:
     lines = [
         "# Benchmarks",
         "",
-        "Generated by `python -m benchmarks [attention|train|accuracy|imdb|lra|multihost|all]` on "
-        "2 CPU cores shared with other jobs (timings are noisy; ratios come from interleaved runs "
-        "in one process). Every number is copied from `results.json`; a section that was not "
-        "re-run keeps the numbers of the run that produced it.",
+        "Generated by `python -m benchmarks "
+        "[attention|train|accuracy|imdb|lra|multihost|bert|all]` on 2 CPU cores shared with other "
+        "jobs (timings are noisy; ratios come from interleaved runs in one process). Every number "
+        "is copied from `results.json`; a section that was not re-run keeps the numbers of the "
+        "run that produced it.",
         "",
+        *_summary_md(results),
     ]
     sections = (
         ("attention", None),
@@ -492,10 +594,6 @@ def write(results: dict, out: str) -> None:
         rss = f"; process peak RSS so far {_peak(sec) / 2**30:.2f} GiB" if _peak(sec) else ""
         quick = "; --quick" if sec.get("quick") else ""
         lines += [f"_Section wall time {sec.get('wall_s', 0):.0f} s{rss}{quick}._", ""]
-    notes = os.path.join(out, "analysis.md")
-    if os.path.exists(notes):  # hand-written reading of the numbers, kept across runs
-        with open(notes, encoding="utf-8") as f:
-            lines += [f.read()]
     with open(os.path.join(out, "REPORT.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
 
@@ -504,3 +602,19 @@ def _peak(sec: dict) -> int:
     if "peak_rss_bytes" in sec:
         return sec["peak_rss_bytes"]
     return max((r["peak_rss_bytes"] for r in sec.get("rows", [])), default=0)
+
+
+def main(argv: list[str]) -> None:
+    """REPORT.md and the docs' results regions from the committed results.json; runs nothing."""
+    out = next((a.split("=", 1)[1] for a in argv if a.startswith("--out=")), "benchmarks")
+    with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
+        results = json.load(f)
+    write(results, out)
+    changed = docs.write(results)
+    print(
+        f"wrote {os.path.join(out, 'REPORT.md')}; results regions changed in: {changed or 'none'}"
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -5,18 +5,17 @@ Run:
   python -m experiments.train --config=configs/default.py:tiny --workdir=/tmp/tiny   # smoke test
 
 Variants (`configs/default.py:<arg>`):
-  (none)      the default below: 86.44% test (85.11% best validation, step 1302), 4-5 min
-              on 2 CPU cores with the run's TF-IDF baseline. Over seeds 0/1/2
-              (--config.train.seed): 86.44/85.63/85.57% test, mean 85.88%, against 86.33% for
-              char 1-3-gram TF-IDF (sublinear tf) + logistic regression on the same split.
+  (none)      the default below, 4-5 min on 2 CPU cores with the run's TF-IDF baseline. Its
+              test accuracy over seeds 0/1/2 (--config.train.seed), against char 1-3-gram
+              TF-IDF + logistic regression on the same split: docs/results.md and
+              benchmarks/REPORT.md, both generated from benchmarks/results.json.
   tiny        a few steps of a very small model, for tests.
   structured  structured self-attentive pooling (Lin et al. 2017) instead of mean pooling.
   pretrained  10 epochs (4,340 steps) of masked-token pretraining on the training texts first,
               into WORKDIR/pretrain, then the default's fine-tuning with a relative adversarial
-              eps. 86.67% test (84.76% best validation) on seed 0, 22 min on 2 CPU cores shared
-              with another run; seeds 1/2 from the same pretraining
-              (--config.model.init_from=WORKDIR/pretrain, 7.5 min each): 85.52/85.92%, mean
-              86.04%, and 85.92% without attention (--config.model.num_layers=0).
+              eps. 22 min on 2 CPU cores shared with another run; further seeds reuse the
+              pretraining (--config.model.init_from=WORKDIR/pretrain, 7.5 min each). What it
+              reaches, attention on and off: benchmarks/analysis.md, section "Priors".
 """
 
 import ml_collections

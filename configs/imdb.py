@@ -21,8 +21,8 @@ Variants: (none) = the recipe above; `tiny` = the default config's tiny model on
 into WORKDIR/pretrain, its head over the 8,192 most frequent words, then the recipe above:
   python -m experiments.train --config=configs/imdb.py:pretrained --workdir=runs/imdb_spt \
       --config.data.path=/path/to/aclImdb
-90.64% test (91.58% best validation) on seed 0, against 90.75% (91.42%) without pretraining;
-56 min on 2 CPU cores shared with another run, the pretraining 25 of them.
+56 min on 2 CPU cores shared with another run, the pretraining 25 of them; what it reaches
+against the recipe without pretraining: benchmarks/analysis.md, section "Priors".
 """
 
 import ml_collections

@@ -365,12 +365,13 @@ def test_bad_arguments_raise_one_line_errors(kwargs, exc, words):
         assert w in message, (w, message)
 
 
-def test_readme_use_it_in_your_jax_code_runs():
-    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Use it in your JAX code") :]
+def test_docs_use_it_in_your_jax_code_runs():
+    page = pathlib.Path(__file__).parent.parent / "docs" / "library.md"
+    text = page.read_text(encoding="utf-8")
+    section = text[text.index("## Use it in your JAX code") :]
     code = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
     scope: dict = {}
-    exec(compile(code, "README.md", "exec"), scope)
+    exec(compile(code, "docs/library.md", "exec"), scope)
     np.testing.assert_allclose(scope["out"], scope["out_nn"], atol=2e-5)
     for name in ("out_additive", "out_packed", "out_chunked"):
         assert scope[name].shape == scope["q"].shape, name

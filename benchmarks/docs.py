@@ -1,0 +1,272 @@
+"""The numbers of README.md and docs/*.md, rendered from results.json.
+
+A page holds a number only between two markers, `<!-- results:NAME -->` and
+`<!-- /results:NAME -->`; `render` replaces what lies between them with `RENDER[NAME](results)`.
+A block (a table, a list) starts and ends on its own line; an inline fact (`85.88%`) sits inside
+a sentence. After `python -m benchmarks` writes results.json, `python -m benchmarks.report`
+rewrites every page, and `tests/test_docs.py` fails while a page differs from what results.json
+renders: a number is typed nowhere, and new results change the pages in the same commit.
+"""
+
+import math
+import os
+import re
+from collections.abc import Callable
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The pages whose regions are rendered; benchmarks/REPORT.md is written whole by report.py.
+PAGES = ("README.md", "docs", os.path.join("benchmarks", "analysis.md"))
+# A marker quoted in backticks is documentation, not a region.
+MARKER = re.compile(r"(?<!`)<!-- results:([\w.-]+) -->(.*?)<!-- /results:\1 -->", re.S)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}"
+
+
+def _seeds(runs: dict) -> list[float]:
+    return [runs[s]["test_accuracy"] for s in sorted(runs, key=int)]
+
+
+def _seed_list(accs: list[float]) -> str:
+    return " / ".join(_pct(a) for a in accs) + "%"
+
+
+def _mean_std(accs: list[float]) -> str:
+    return f"{_pct(np.mean(accs))} ± {_pct(np.std(accs))}%"
+
+
+def _points(x: float) -> str:
+    return f"{100 * abs(x):.2f}"
+
+
+def _stderr(acc: float, n: int) -> float:
+    """One binomial standard error of an accuracy measured on n texts."""
+    return math.sqrt(acc * (1 - acc) / n)
+
+
+def _walls(runs: dict) -> str:
+    walls = [r["wall_s"] for r in runs.values()]
+    return f"{min(walls):.0f}-{max(walls):.0f} s"
+
+
+def _baseline(acc: dict) -> dict:
+    """The better of the embedded data's two TF-IDF baselines on test: what the targets use."""
+    return max(acc["tfidf_logreg"], acc["tfidf_sublinear_logreg"], key=lambda b: b["test_accuracy"])
+
+
+def _compare(accs: list[float], b: dict) -> str:
+    """Tie, above or below TF-IDF, in one clause: under two standard errors apart is a tie."""
+    diff = float(np.mean(accs)) - b["test_accuracy"]
+    se, n = _stderr(b["test_accuracy"], b["num_test"]), b["num_test"]
+    side = "above" if diff > 0 else "below"
+    word = "ties" if abs(diff) < 2 * se else "beats" if diff > 0 else "falls below"
+    return (
+        f"**{word}** {b['features']} TF-IDF + logistic regression: its mean is {_points(diff)} "
+        f"points {side} it, and one standard error on {n:,} test texts is {_points(se)} points"
+    )
+
+
+def headline(r: dict) -> str:
+    """The README's table: each dataset's model, the same model without attention, TF-IDF."""
+    acc, im = r["accuracy"], r["imdb"]
+    b, ib = _baseline(acc), im["tfidf_word12_sublinear_logreg"]
+    on, off, imdb = _seeds(acc["seeds"]), _seeds(acc["no_attention"]), _seeds(im["seeds"])
+    rows = [
+        "| data (test texts) | model | test accuracy, seeds 0 / 1 / 2 | mean ± std |",
+        "| --- | --- | --- | --- |",
+        f"| embedded Chinese reviews ({b['num_test']:,}) | `configs/{acc['config']}` | "
+        f"{_seed_list(on)} | {_mean_std(on)} |",
+        f"| | the same without attention (`--config.model.num_layers=0`) | {_seed_list(off)} | "
+        f"{_mean_std(off)} |",
+        f"| | {b['features']} TF-IDF + logistic regression | {_pct(b['test_accuracy'])}% | |",
+        f"| IMDB, official split ({ib['num_test']:,}) | `configs/{im['config']}` | "
+        f"{_seed_list(imdb)} | {_mean_std(imdb)} |",
+        f"| | {ib['features']} TF-IDF + logistic regression | {_pct(ib['test_accuracy'])}% | |",
+    ]
+    return "\n".join(rows)
+
+
+def verdict(r: dict) -> str:
+    """The plain reading of `headline`, worded from the numbers."""
+    acc, im = r["accuracy"], r["imdb"]
+    b, ib = _baseline(acc), im["tfidf_word12_sublinear_logreg"]
+    on, off, imdb = _seeds(acc["seeds"]), _seeds(acc["no_attention"]), _seeds(im["seeds"])
+    margin = float(np.mean(on) - np.mean(off))
+    above = [a - ib["test_accuracy"] for a in imdb]
+    return (
+        f"On the embedded reviews the model {_compare(on, b)}; "
+        f"attention adds {_points(margin)} points of mean test accuracy over the same model "
+        f"without it. On IMDB it {_compare(imdb, ib)}"
+        + (
+            f" (every seed above, by {_points(min(above))}-{_points(max(above))} points)"
+            if min(above) > 0
+            else ""
+        )
+        + "."
+    )
+
+
+def accuracy(r: dict) -> str:
+    """The embedded data's table with wall times and commands (docs/results.md)."""
+    acc = r["accuracy"]
+    on, off = _seeds(acc["seeds"]), _seeds(acc["no_attention"])
+    st, b, bs = acc["structured"], acc["tfidf_logreg"], acc["tfidf_sublinear_logreg"]
+    return "\n".join(
+        [
+            "| model | test accuracy, seeds 0 / 1 / 2 | mean ± std | wall time | command |",
+            "| --- | --- | --- | --- | --- |",
+            f"| `configs/{acc['config']}` | {_seed_list(on)} | {_mean_std(on)} | "
+            f"{_walls(acc['seeds'])} | `make train` (`--config.train.seed=N` for the others) |",
+            f"| the same without attention (`--config.model.num_layers=0`) | {_seed_list(off)} | "
+            f"{_mean_std(off)} | {_walls(acc['no_attention'])} | |",
+            f"| `configs/{acc['config']}:structured` (Lin et al. 2017 pooling) | "
+            f"{_pct(st['test_accuracy'])}% (seed 0) | | {st['wall_s']:.0f} s | "
+            f"`python -m experiments.train --config=configs/{acc['config']}:structured "
+            "--workdir=runs/structured` |",
+            f"| {b['features']} TF-IDF + logistic regression, C chosen on validation | "
+            f"{_pct(b['test_accuracy'])}% | | {b['wall_s']:.0f} s | "
+            "`python -m benchmarks accuracy` |",
+            f"| the same with sublinear tf (1 + log tf) | {_pct(bs['test_accuracy'])}% | | "
+            f"{bs['wall_s']:.0f} s | `python -m benchmarks accuracy` |",
+        ]
+    )
+
+
+def imdb(r: dict) -> str:
+    """IMDB per seed against its TF-IDF baseline (docs/results.md)."""
+    im = r["imdb"]
+    b = im["tfidf_word12_sublinear_logreg"]
+    accs = _seeds(im["seeds"])
+    lines = [
+        "| model | test accuracy, seeds 0 / 1 / 2 | mean ± std | wall time |",
+        "| --- | --- | --- | --- |",
+        f"| `configs/{im['config']}` | {_seed_list(accs)} | {_mean_std(accs)} | "
+        f"{_walls(im['seeds'])} |",
+        f"| {b['features']} TF-IDF (sublinear tf) + logistic regression | "
+        f"{_pct(b['test_accuracy'])}% | | {b['wall_s']:.0f} s |",
+    ]
+    lines += [f"| {name}, published | {_pct(a)}% | | |" for name, a in im["anchors"].items()]
+    return "\n".join(lines)
+
+
+def _range(xs: list[float], fmt: str = ".2f") -> str:
+    return f"{min(xs):{fmt}}-{max(xs):{fmt}}"
+
+
+def speed(r: dict) -> str:
+    """The timing and memory ratios of the attention, train-step and multihost sections."""
+    att, tr, mh = r["attention"], r["train"], r["multihost"]
+    d = min(x["D"] for x in att["rows"])
+    ran = [x for x in att["rows"] if x["mode"] == "fwd_bwd" and x["D"] == d and "time_s" in x]
+    time = {(x["method"], x["L"]): x["time_s"] for x in ran}
+    both = sorted(L for (m, L) in time if m == "matrix" and ("jax.nn", L) in time)
+    mat = [time[("matrix", L)] / time[("jax.nn", L)] for L in both]
+    chk = [time[("chunked", L)] / time[("matrix", L)] for L in both]
+    mem = {(x["method"], x["L"]): x["temp_bytes"] for x in att["rows"] if x["mode"] == "fwd_bwd"}
+    long = att["targets"]["chunked_long"]
+    c8 = att["targets"]["chunked_memory"]["L"]
+    one_head = {x["L"]: x["temp_bytes"] for x in att["scaling"] if x["mask"] == "none"}
+    ratios = [x["ratio"] for x in tr["rows"]]
+    bt = att["batched"]
+    return "\n".join(
+        [
+            f"- **Speed** (float32, batch {att['batch']}, {att['heads']} heads, head dim {d}): "
+            f"forward+backward of the matrix form takes {_range(mat)}x the time of "
+            f"`jax.nn.dot_product_attention` at L = {both[0]} to {both[-1]}; chunked takes "
+            f"{_range(chk)}x the matrix form's time. `attn.dot_product_attention` compiles to "
+            f"the same program as `attn.attention` under `jax.vmap` "
+            f"({'all' if bt['all_same_program'] else 'not all'} {len(bt['same_program'])} pairs "
+            f"compared); their timed ratios, {_range([x['ratio'] for x in bt['ratios']])}x, are "
+            "the machine's noise.",
+            f"- **Memory**: at L={c8}, chunked forward+backward needs "
+            f"{mem[('chunked', c8)] / 2**20:.0f} MiB of XLA temp memory against the matrix "
+            f"form's {mem[('matrix', c8)] / 2**30:.0f} GiB; at L={long['L']} it runs in "
+            f"{mem[('chunked', long['L'])] / 2**20:.0f} MiB where the matrix form would need "
+            f"{mem[('matrix', long['L'])] / 2**30:.0f} GiB. On one head, "
+            + " / ".join(f"{one_head[L] / 2**20:.1f}" for L in sorted(one_head))
+            + " MiB at L = "
+            + " / ".join(f"{L // 1024}k" for L in sorted(one_head))
+            + ": linear in L, causal mask included.",
+            f"- **Train step**: {_range(ratios)}x the examples/s of a `flax.linen` twin built "
+            "from `nn.MultiHeadDotProductAttention` with the same parameter count "
+            f"({tr['param_count']['ours']:,}); the input pipeline takes "
+            f"{tr['pipeline']['wait_fraction']:.1%} of the step time.",
+            f"- **Several processes**: two processes of {mh['devices'] // 2} CPU devices take "
+            f"{mh['ratio']:.2f}x the step time of one process of {mh['devices']} at "
+            f"`configs/{mh['config']}`.",
+        ]
+    )
+
+
+# Inline facts, for prose that names one number of a table rendered elsewhere.
+FACTS: dict[str, Callable[[dict], str]] = {
+    "default-seeds": lambda r: _seed_list(_seeds(r["accuracy"]["seeds"])),
+    "default-mean": lambda r: _pct(np.mean(_seeds(r["accuracy"]["seeds"]))) + "%",
+    "default-mean-std": lambda r: _mean_std(_seeds(r["accuracy"]["seeds"])),
+    "no-attention-mean-std": lambda r: _mean_std(_seeds(r["accuracy"]["no_attention"])),
+    "imdb-mean-std": lambda r: _mean_std(_seeds(r["imdb"]["seeds"])),
+    "default-seed0": lambda r: _pct(r["accuracy"]["seeds"]["0"]["test_accuracy"]) + "%",
+    "no-attention-seeds": lambda r: _seed_list(_seeds(r["accuracy"]["no_attention"])),
+    "no-attention-mean": lambda r: _pct(np.mean(_seeds(r["accuracy"]["no_attention"]))) + "%",
+    "tfidf": lambda r: _pct(r["accuracy"]["tfidf_logreg"]["test_accuracy"]) + "%",
+    "tfidf-sublinear": lambda r: (
+        _pct(r["accuracy"]["tfidf_sublinear_logreg"]["test_accuracy"]) + "%"
+    ),
+    "imdb-seeds": lambda r: _seed_list(_seeds(r["imdb"]["seeds"])),
+    "imdb-mean": lambda r: _pct(np.mean(_seeds(r["imdb"]["seeds"]))) + "%",
+    "imdb-seed0": lambda r: _pct(r["imdb"]["seeds"]["0"]["test_accuracy"]) + "%",
+    "imdb-tfidf": lambda r: _pct(r["imdb"]["tfidf_word12_sublinear_logreg"]["test_accuracy"]) + "%",
+}
+RENDER: dict[str, Callable[[dict], str]] = {
+    "headline": headline,
+    "verdict": verdict,
+    "accuracy": accuracy,
+    "imdb": imdb,
+    "speed": speed,
+    **FACTS,
+}
+
+
+def render(text: str, results: dict) -> str:
+    """`text` with every marked region rendered from `results`; unknown names are an error."""
+
+    def one(m: re.Match) -> str:
+        name, old = m.group(1), m.group(2)
+        if name not in RENDER:
+            raise KeyError(f"unknown results region {name!r}; known: {', '.join(RENDER)}")
+        new = RENDER[name](results)
+        if old.startswith("\n"):  # a block keeps its own lines
+            new = f"\n{new}\n"
+        return f"<!-- results:{name} -->{new}<!-- /results:{name} -->"
+
+    return MARKER.sub(one, text)
+
+
+def pages(root: str = ROOT) -> list[str]:
+    """Every page with regions, relative to root: README.md, docs/*.md, analysis.md."""
+    out = []
+    for p in PAGES:
+        full = os.path.join(root, p)
+        if os.path.isdir(full):
+            out += sorted(os.path.join(p, f) for f in os.listdir(full) if f.endswith(".md"))
+        elif os.path.exists(full):
+            out.append(p)
+    return out
+
+
+def write(results: dict, root: str = ROOT) -> list[str]:
+    """Render every page in place; returns the pages that changed."""
+    changed = []
+    for p in pages(root):
+        path = os.path.join(root, p)
+        with open(path, encoding="utf-8") as f:
+            old = f.read()
+        new = render(old, results)
+        if new != old:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(new)
+            changed.append(p)
+    return changed
