@@ -62,7 +62,7 @@ def loss_and_metrics(
         train=train,
         rng=rng,
         embed_delta_BxLxD=embed_delta_BxLxD,
-        bag_tokens_BxM=batch.get("bag_tokens"),
+        bag_tokens_BxG=batch.get("bag_tokens"),
     )
     onehot_BxC = jax.nn.one_hot(batch["label"], cfg.num_classes)
     if label_smoothing:
