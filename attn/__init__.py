@@ -9,6 +9,41 @@ reference, bag, multihead, encoder, positions, pooling, layers, classifier, mask
 pretraining), importance (token importance and erasure), bert (BERT-family encoders and their
 Hugging Face checkpoints; reading one needs safetensors), and flax_interop (import it explicitly;
 it pulls in Flax).
+
+Names carry their shapes: ``q_LxK`` is [L, K], with einsum subscripts to match. One meaning per
+letter, here and in experiments/, benchmarks/ and tests/:
+
+    A  an additive scorer's hidden width: structured pooling's d_a, the additive/mlp scores' hidden
+    B  batch: the rows a model reads at once
+    C  classes
+    D  model width: features per token (attn.attention's and the scores' q and k)
+    E  value width (attn.attention's v; = K within multihead)
+    F  feed-forward width
+    G  tokens the bag reads
+    H  heads
+    I  queries of one chunk (chunked attention's q_chunk)
+    J  keys of one chunk (k_chunk)
+    K  query/key width of one head (D / H)
+    L  tokens of a text: the queries
+    M  keys attended to (= L in self-attention)
+    N  examples: what a statistic runs over (texts; the words a vectors file has)
+    O  n-gram orders
+    P  hidden tokens a masked-token head predicts
+    Q  query chunks (how many)
+    R  hops of structured pooling
+    U  bootstrap resamples
+    V  vocabulary: the ids a table has rows for (tokens; the bag's hash buckets)
+    W  width of an input from outside the model: cross-attention's keys and values (= D in
+       self-attention), a word-vectors file's vectors
+    X  a size the function leaves open (whatever it is given; said where it is set)
+    Y  erasure sizes: the percents of a text's tokens a faithfulness test erases
+    Z  key chunks (how many)
+
+A leading lowercase x is any leading axes (``x_xLxD``), a digit a size (``m_L1`` is [L, 1],
+``keep_Bx2YxL``), a lowercase letter a local count (``p_nxC``). S and T are unused:
+`attn.dot_product_attention` takes jax.nn's layouts, which jax.nn's docs write [B, T, N, H]
+(= B, L, H, K here; keys [B, S, K, H] with K key/value heads). The score params' saved keys
+(``wq_DxH``, ``b_H``, ...) keep H for the scores' hidden width, A here.
 """
 
 from attn import (

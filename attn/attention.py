@@ -178,25 +178,26 @@ def _xla(
     d, e = q_LxD.shape[-1], v_MxE.shape[-1]
     dtype = jnp.result_type(q_LxD, k_MxD, v_MxE)
     # dot_product_attention wants value and key of one shape and dtype: zero-pad the narrower
-    # side (zeros change neither q.k nor the mix of v) and pass the scale for the true d.
+    # side to X = max(D, E) (zeros change neither q.k nor the mix of v) and pass the scale for
+    # the true d.
     w = max(d, e)
-    q_LxW = jnp.pad(q_LxD.astype(dtype), ((0, 0), (0, w - d)))
-    k_MxW = jnp.pad(k_MxD.astype(dtype), ((0, 0), (0, w - d)))
-    v_MxW = jnp.pad(v_MxE.astype(dtype), ((0, 0), (0, w - e)))
+    q_LxX = jnp.pad(q_LxD.astype(dtype), ((0, 0), (0, w - d)))
+    k_MxX = jnp.pad(k_MxD.astype(dtype), ((0, 0), (0, w - d)))
+    v_MxX = jnp.pad(v_MxE.astype(dtype), ((0, 0), (0, w - e)))
     mask_1x1xLxM = None
     if mask is not None:
         lq, lk = q_LxD.shape[0], k_MxD.shape[0]
         mask_LxM = jnp.broadcast_to(masks.matrix(mask, lq, lk), (lq, lk))
         mask_1x1xLxM = mask_LxM[None, None]
-    out_1xLx1xW = jax.nn.dot_product_attention(
-        q_LxW[None, :, None],
-        k_MxW[None, :, None],
-        v_MxW[None, :, None],
+    out_1xLx1xX = jax.nn.dot_product_attention(
+        q_LxX[None, :, None],
+        k_MxX[None, :, None],
+        v_MxX[None, :, None],
         mask=mask_1x1xLxM,
         scale=scale,
         implementation=None,
     )
-    out_LxE = out_1xLx1xW[0, :, 0, :e]
+    out_LxE = out_1xLx1xX[0, :, 0, :e]
     if mask is not None and fully_masked == "zero":
         # XLA averages the values over a fully masked row; the contract says 0.
         out_LxE = jnp.where(mask_LxM.any(axis=-1, keepdims=True), out_LxE, 0)

@@ -8,7 +8,7 @@ single vector loses rare decisive phrases; trained jointly, attention learns wha
 
 Features: each distinct bucket id of a row (per n-gram order) counts once, padding never; the bag
 is L2-normalised, weight 1/√(number of distinct n-grams), as TF-IDF rows are. logits [B, C] =
-Σ_n Σ_{distinct ids i in row b} table[i] / √count_b.
+Σ_o Σ_{distinct ids i in row b} table[i] / √count_b.
 
 The table may start from naive Bayes log-count ratios of the training split (`document_counts`,
 `naive_bayes_table`): NBSVM's features (Wang & Manning 2012), here a starting point that training
@@ -23,41 +23,41 @@ __all__ = ["document_counts", "logits", "naive_bayes_table", "weights"]
 _NONE = -1  # the id that marks a padding position once ids are sorted
 
 
-def weights(ids_NxBxL: jax.Array, real_BxL: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Bucket ids [N, B, L] of each n-gram order and real-token mask [B, L] -> (ids sorted along L
-    [N, B, L] int32, weights [N, B, L] float32): 1/√count at the first of each distinct id of a
+def weights(ids_OxBxL: jax.Array, real_BxL: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Bucket ids [O, B, L] of each n-gram order and real-token mask [B, L] -> (ids sorted along L
+    [O, B, L] int32, weights [O, B, L] float32): 1/√count at the first of each distinct id of a
     row, 0 at repeats and padding. Sorting makes the dedup O(L log L) instead of O(L²)."""
-    sorted_NxBxL = jnp.sort(jnp.where(real_BxL[None], ids_NxBxL, _NONE), axis=-1)
-    before_NxBxL = jnp.pad(sorted_NxBxL, ((0, 0), (0, 0), (1, 0)), constant_values=_NONE)[..., :-1]
-    first_NxBxL = (sorted_NxBxL != _NONE) & (sorted_NxBxL != before_NxBxL)
-    count_B = first_NxBxL.sum((0, 2)).astype(jnp.float32)
-    w_NxBxL = first_NxBxL / jnp.sqrt(jnp.maximum(count_B, 1.0))[None, :, None]
-    return jnp.maximum(sorted_NxBxL, 0), w_NxBxL.astype(jnp.float32)
+    sorted_OxBxL = jnp.sort(jnp.where(real_BxL[None], ids_OxBxL, _NONE), axis=-1)
+    before_OxBxL = jnp.pad(sorted_OxBxL, ((0, 0), (0, 0), (1, 0)), constant_values=_NONE)[..., :-1]
+    first_OxBxL = (sorted_OxBxL != _NONE) & (sorted_OxBxL != before_OxBxL)
+    count_B = first_OxBxL.sum((0, 2)).astype(jnp.float32)
+    w_OxBxL = first_OxBxL / jnp.sqrt(jnp.maximum(count_B, 1.0))[None, :, None]
+    return jnp.maximum(sorted_OxBxL, 0), w_OxBxL.astype(jnp.float32)
 
 
 def logits(
     table_VxC: jax.Array,
-    ids_NxBxL: jax.Array,
+    ids_OxBxL: jax.Array,
     real_BxL: jax.Array,
     *,
     dropout: float = 0.0,
     train: bool = False,
     rng: jax.Array | None = None,
 ) -> jax.Array:
-    """Logits [B, C] float32 of the bag of the bucket ids [N, B, L] (ids in [0, V)).
+    """Logits [B, C] float32 of the bag of the bucket ids [O, B, L] (ids in [0, V)).
 
     In training, `dropout` drops each distinct n-gram with that probability (the others scaled by
     1/(1 - dropout)), so the attention model cannot lean on a few memorised n-grams.
     """
-    sorted_NxBxL, w_NxBxL = weights(ids_NxBxL, real_BxL)
+    sorted_OxBxL, w_OxBxL = weights(ids_OxBxL, real_BxL)
     if train and dropout > 0.0:
-        keep_NxBxL = jax.random.bernoulli(rng, 1.0 - dropout, w_NxBxL.shape)
-        w_NxBxL = jnp.where(keep_NxBxL, w_NxBxL / (1.0 - dropout), 0.0)
-    return jnp.einsum("nbl,nblc->bc", w_NxBxL, table_VxC[sorted_NxBxL])
+        keep_OxBxL = jax.random.bernoulli(rng, 1.0 - dropout, w_OxBxL.shape)
+        w_OxBxL = jnp.where(keep_OxBxL, w_OxBxL / (1.0 - dropout), 0.0)
+    return jnp.einsum("obl,oblc->bc", w_OxBxL, table_VxC[sorted_OxBxL])
 
 
 def document_counts(
-    ids_NxBxL: jax.Array,
+    ids_OxBxL: jax.Array,
     real_BxL: jax.Array,
     labels_B: jax.Array,
     weight_B: jax.Array,
@@ -67,11 +67,11 @@ def document_counts(
 ) -> jax.Array:
     """Counts [V, C] float32: how many documents of each class hold each bucket id (a document
     counts once per id, however often it repeats it); rows of weight 0 count nothing."""
-    sorted_NxBxL, w_NxBxL = weights(ids_NxBxL, real_BxL)
-    first_NxBxL = (w_NxBxL > 0) * weight_B[None, :, None]
-    labels_NxBxL = jnp.broadcast_to(labels_B[None, :, None], sorted_NxBxL.shape)
+    sorted_OxBxL, w_OxBxL = weights(ids_OxBxL, real_BxL)
+    first_OxBxL = (w_OxBxL > 0) * weight_B[None, :, None]
+    labels_OxBxL = jnp.broadcast_to(labels_B[None, :, None], sorted_OxBxL.shape)
     counts_VxC = jnp.zeros((buckets, num_classes), jnp.float32)
-    return counts_VxC.at[sorted_NxBxL, labels_NxBxL].add(first_NxBxL)
+    return counts_VxC.at[sorted_OxBxL, labels_OxBxL].add(first_OxBxL)
 
 
 def naive_bayes_table(counts_VxC: jax.Array, alpha: float = 1.0) -> jax.Array:

@@ -110,17 +110,18 @@ def dot_product_attention(
     if per_row_rng:
         rng = jax.random.split(dropout_rng, (b, kh, g) if g > 1 else (b, kh))
 
-    def row(q_TxH, k_SxH, v_SxE, m_TxS, fn, b_TxS, sp_row, rng_row):
-        row_mask = m_TxS if fn is None else (fn if m_TxS is None else masks.all_of(m_TxS, fn))
-        row_score = sc if b_TxS is None else _biased(sc, b_TxS)
+    def row(q_LxK, k_MxK, v_MxE, m_LxM, fn, b_LxM, sp_row, rng_row):
+        row_mask = m_LxM if fn is None else (fn if m_LxM is None else masks.all_of(m_LxM, fn))
+        row_score = sc if b_LxM is None else _biased(sc, b_LxM)
         return attention(
-            q_TxH, k_SxH, v_SxE, row_mask, score=row_score, score_params=sp_row,
+            q_LxK, k_MxK, v_MxE, row_mask, score=row_score, score_params=sp_row,
             implementation=impl, q_chunk=q_chunk, k_chunk=k_chunk, fully_masked=fully_masked,
             dropout_rate=dropout_rate, dropout_rng=rng_row,
         )  # fmt: skip
 
-    # Lay q out as [B, T, K, G, H] and every per-head array with leading [B?, K?, G?] axes, then
-    # vmap over query heads of one key head (G), key heads (K) and rows (B), innermost first.
+    # In jax.nn's letters (G = N / K): lay q out as [B, T, K, G, H] and every per-head array with
+    # leading [B?, K?, G?] axes, then vmap over query heads of one key head (G), key heads (K) and
+    # rows (B), innermost first.
     m_arr, m_axes = _leading(m_arr, kh, g)
     b_arr, b_axes = _leading(b_arr, kh, g)
     fn_axes = m_fn.batch_axes() if m_fn is not None and m_fn.batch_shape else None
@@ -147,8 +148,8 @@ def dot_product_attention(
         w = w.reshape(b, n, t, s)
     if fully_masked == "mean" and query_seq_lengths is not None:
         # jax.nn zeroes the output of queries beyond query_seq_lengths even then.
-        real_BxT = jnp.arange(t)[None, :] < jnp.asarray(query_seq_lengths)[:, None]
-        out = jnp.where(real_BxT[:, :, None, None], out, 0).astype(out.dtype)
+        real_BxL = jnp.arange(t)[None, :] < jnp.asarray(query_seq_lengths)[:, None]
+        out = jnp.where(real_BxL[:, :, None, None], out, 0).astype(out.dtype)
     if unbatched:
         out, w = out[0], None if w is None else w[0]
     return (out, w) if return_weights else out
@@ -290,7 +291,7 @@ def _bias_added(
     return (s_LxM + masks.pairs(bias, q_pos, k_pos)).astype(s_LxM.dtype)
 
 
-def _biased(sc: scores.Score, bias_TxS: jax.Array) -> scores.Score:
-    """sc plus bias[i, j] (bias broadcasts to [T, S]) as a position-aware score."""
-    fn = functools.partial(_bias_added, base=sc, bias=bias_TxS)
+def _biased(sc: scores.Score, bias_LxM: jax.Array) -> scores.Score:
+    """sc plus bias[i, j] (bias broadcasts to [L, M]) as a position-aware score."""
+    fn = functools.partial(_bias_added, base=sc, bias=bias_LxM)
     return scores.Score(sc.name, fn, sc.init, sc.has_params, positional=True)

@@ -65,49 +65,49 @@ def attention(
     mask_fn = None if mask is None else masks.as_fn(mask)
     # Chunk i starts at min(i * c, L - c): the last chunk overlaps the one before it instead of
     # running past the end, so every row a chunk holds is real.
-    q_starts_N = jnp.minimum(jnp.arange(nq, dtype=jnp.int32) * cq, lq - cq)
-    k_starts_K = jnp.minimum(jnp.arange(nk, dtype=jnp.int32) * ck, lk - ck)
-    kpos_KxC = k_starts_K[:, None] + jnp.arange(ck, dtype=jnp.int32)[None, :]
-    # Keys before i * c were seen by the chunk before. A [K, C] table read per step, rather than
-    # a comparison fused into every [C, C] loop, keeps the forward as fast as before.
-    new_KxC = kpos_KxC >= (jnp.arange(nk, dtype=jnp.int32) * ck)[:, None]
+    q_starts_Q = jnp.minimum(jnp.arange(nq, dtype=jnp.int32) * cq, lq - cq)
+    k_starts_Z = jnp.minimum(jnp.arange(nk, dtype=jnp.int32) * ck, lk - ck)
+    kpos_ZxJ = k_starts_Z[:, None] + jnp.arange(ck, dtype=jnp.int32)[None, :]
+    # Keys before i * c were seen by the chunk before. A [Z, J] table read per step, rather than
+    # a comparison fused into every [I, J] loop, keeps the forward as fast as before.
+    new_ZxJ = kpos_ZxJ >= (jnp.arange(nk, dtype=jnp.int32) * ck)[:, None]
 
     def one_query_chunk(q_start):
-        q_CxD = lax.dynamic_slice_in_dim(q_LxD, q_start, cq)
-        qpos_C = q_start + jnp.arange(cq, dtype=jnp.int32)
+        q_IxD = lax.dynamic_slice_in_dim(q_LxD, q_start, cq)
+        qpos_I = q_start + jnp.arange(cq, dtype=jnp.int32)
 
         def step(carry, xs):
-            m_C, l_C, acc_CxE = carry
-            k_start, kpos_C, new_C = xs
-            k_CxD = lax.dynamic_slice_in_dim(k_MxD, k_start, ck)
-            v_CxE = lax.dynamic_slice_in_dim(v_MxE, k_start, ck)
-            allowed_CxC = jnp.broadcast_to(new_C[None, :], (cq, ck))
+            m_I, l_I, acc_IxE = carry
+            k_start, kpos_J, new_J = xs
+            k_JxD = lax.dynamic_slice_in_dim(k_MxD, k_start, ck)
+            v_JxE = lax.dynamic_slice_in_dim(v_MxE, k_start, ck)
+            allowed_IxJ = jnp.broadcast_to(new_J[None, :], (cq, ck))
             if mask_fn is not None:
-                allowed_CxC = allowed_CxC & masks.evaluate(mask_fn, qpos_C, kpos_C)
-            s_CxC = scores.evaluate(sc, score_params, q_CxD, k_CxD, qpos_C, kpos_C).astype(f)
-            s_CxC = jnp.where(allowed_CxC, s_CxC, masks.MASKED)
+                allowed_IxJ = allowed_IxJ & masks.evaluate(mask_fn, qpos_I, kpos_J)
+            s_IxJ = scores.evaluate(sc, score_params, q_IxD, k_JxD, qpos_I, kpos_J).astype(f)
+            s_IxJ = jnp.where(allowed_IxJ, s_IxJ, masks.MASKED)
             # The max only guards exp against overflow; the result does not depend on it, so
             # holding it constant gives exact gradients without differentiating through max.
-            m_new_C = lax.stop_gradient(jnp.maximum(m_C, s_CxC.max(axis=-1)))
-            p_CxC = jnp.exp(s_CxC - m_new_C[:, None]) * allowed_CxC
-            corr_C = jnp.exp(m_C - m_new_C)
-            l_C = l_C * corr_C + p_CxC.sum(axis=-1)
-            acc_CxE = acc_CxE * corr_C[:, None] + p_CxC @ v_CxE.astype(f)
-            return (m_new_C, l_C, acc_CxE), None
+            m_new_I = lax.stop_gradient(jnp.maximum(m_I, s_IxJ.max(axis=-1)))
+            p_IxJ = jnp.exp(s_IxJ - m_new_I[:, None]) * allowed_IxJ
+            corr_I = jnp.exp(m_I - m_new_I)
+            l_I = l_I * corr_I + p_IxJ.sum(axis=-1)
+            acc_IxE = acc_IxE * corr_I[:, None] + p_IxJ @ v_JxE.astype(f)
+            return (m_new_I, l_I, acc_IxE), None
 
         init = (jnp.full((cq,), masks.MASKED, f), jnp.zeros((cq,), f), jnp.zeros((cq, e), f))
         # prevent_cse=False is safe (and faster) inside scan, per the jax.checkpoint docs.
-        (_, l_C, acc_CxE), _ = lax.scan(
-            jax.checkpoint(step, prevent_cse=False), init, (k_starts_K, kpos_KxC, new_KxC)
+        (_, l_I, acc_IxE), _ = lax.scan(
+            jax.checkpoint(step, prevent_cse=False), init, (k_starts_Z, kpos_ZxJ, new_ZxJ)
         )
         # l == 0 only when every key is masked; acc is 0 there too, so the row comes out 0.
-        out_CxE = acc_CxE / jnp.where(l_C > 0, l_C, 1)[:, None]
+        out_IxE = acc_IxE / jnp.where(l_I > 0, l_I, 1)[:, None]
         if mean_E is not None:
-            out_CxE = jnp.where((l_C > 0)[:, None], out_CxE, mean_E)
-        return out_CxE
+            out_IxE = jnp.where((l_I > 0)[:, None], out_IxE, mean_E)
+        return out_IxE
 
-    out_NxCxE = lax.map(jax.checkpoint(one_query_chunk, prevent_cse=False), q_starts_N)
+    out_QxIxE = lax.map(jax.checkpoint(one_query_chunk, prevent_cse=False), q_starts_Q)
     # The last chunk's first rows repeat rows of the chunk before it.
     tail = lq - (nq - 1) * cq
-    out_LxE = jnp.concatenate([out_NxCxE[:-1].reshape(-1, e), out_NxCxE[-1, cq - tail :]])
+    out_LxE = jnp.concatenate([out_QxIxE[:-1].reshape(-1, e), out_QxIxE[-1, cq - tail :]])
     return out_LxE.astype(v_MxE.dtype)

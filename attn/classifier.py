@@ -1,7 +1,8 @@
 """Self-attention sentence classifier: embed -> encoder blocks -> final LN -> pool -> linear head.
 
 Params tree (plain dicts, float32):
-    {"embed": {"tokens": [V, D], "ngrams": [N, D] if ngram_buckets, "positions": [P, D] if learned},
+    {"embed": {"tokens": [V, D], "ngrams": [ngram_buckets, D] if ngram_buckets,
+               "positions": [max_len, D] if learned},
      "layer_0" ... "layer_{n-1}": encoder params, "final_ln": layer norm,
      "pool": {"w1": [D, d_a], "w2": [d_a, r]} if structured, "head": dense [D or r*D] -> C,
      "bag": [bag_buckets, C] if bag_buckets}
@@ -231,8 +232,8 @@ def embed(params: dict, tokens_BxL: jax.Array, cfg: ModelConfig) -> jax.Array:
     tokens_BxL = _known(tokens_BxL, cfg)
     x_BxLxD = params["embed"]["tokens"][tokens_BxL]
     if cfg.ngram_buckets:
-        ids_NxBxL = ngram_buckets(tokens_BxL, cfg.ngram_orders, cfg.ngram_buckets)
-        g_BxLxD = params["embed"]["ngrams"][ids_NxBxL].sum(0)
+        ids_OxBxL = ngram_buckets(tokens_BxL, cfg.ngram_orders, cfg.ngram_buckets)
+        g_BxLxD = params["embed"]["ngrams"][ids_OxBxL].sum(0)
         x_BxLxD = x_BxLxD + jnp.where((tokens_BxL != PAD)[..., None], g_BxLxD, 0.0)
     if cfg.positions == "learned":
         x_BxLxD = x_BxLxD + positions.learned(params["embed"]["positions"], length)
@@ -331,13 +332,13 @@ def apply(
     train: bool = False,
     rng: jax.Array | None = None,
     embed_delta_BxLxD: jax.Array | None = None,
-    bag_tokens_BxM: jax.Array | None = None,
+    bag_tokens_BxG: jax.Array | None = None,
 ) -> tuple[jax.Array, dict]:
     """Classify int token ids [B, L] (0 = PAD) -> (logits [B, C] float32, aux).
 
     embed_delta_BxLxD, if given, is added to the input embeddings (adversarial training).
-    bag_tokens_BxM, if given, is what the bag reads instead of tokens_BxL: more of each text
-    (M >= L), since the bag costs little per token and attention much.
+    bag_tokens_BxG, if given, is what the bag reads instead of tokens_BxL: more of each text
+    (G >= L), since the bag costs little per token and attention much.
 
     aux = {"attention": tuple of per-layer [B, H, L, L] float32, or None when the implementation
     does not materialise weights ("chunked", "xla"); "pool_weights": [B, r, L] or None;
@@ -353,20 +354,20 @@ def apply(
 
     if cfg.pooling == "structured":
         structured = jax.vmap(pooling.structured, in_axes=(None, 0, 0))
-        pooled_BxP, a_BxRxL, pen_B = structured(params["pool"], h_BxLxD, mask_BxL)
+        pooled_BxX, a_BxRxL, pen_B = structured(params["pool"], h_BxLxD, mask_BxL)
     else:
-        pooled_BxP = jax.vmap(_SIMPLE_POOLS[cfg.pooling])(h_BxLxD, mask_BxL)
+        pooled_BxX = jax.vmap(_SIMPLE_POOLS[cfg.pooling])(h_BxLxD, mask_BxL)  # X = D, or R*D
         a_BxRxL, pen_B = None, jnp.zeros((batch,), jnp.float32)
-    pooled_BxP = layers.dropout(pooled_BxP, cfg.dropout, train=train, rng=r_pool)
-    logits_BxC = layers.dense(params["head"], pooled_BxP.astype(jnp.float32))
+    pooled_BxX = layers.dropout(pooled_BxX, cfg.dropout, train=train, rng=r_pool)
+    logits_BxC = layers.dense(params["head"], pooled_BxX.astype(jnp.float32))
     if cfg.bag_buckets:
-        read_BxM = tokens_BxL if bag_tokens_BxM is None else bag_tokens_BxM
+        read_BxG = tokens_BxL if bag_tokens_BxG is None else bag_tokens_BxG
         # fold_in rather than a third split: configs without the bag keep their random streams.
         r_bag = jax.random.fold_in(rng, 1) if train else None
         logits_BxC = logits_BxC + bag.logits(
             params["bag"],
-            bag_ids(read_BxM, cfg),
-            read_BxM != PAD,
+            bag_ids(read_BxG, cfg),
+            read_BxG != PAD,
             dropout=cfg.bag_dropout,
             train=train,
             rng=r_bag,

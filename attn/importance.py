@@ -60,12 +60,12 @@ __all__ = [
 class Bag(NamedTuple):
     """What the bag reads when it reads more of each text than attention does.
 
-    tokens_BxM: the bag's ids; source_BxM: the attention position [0, L) each of them is, or -1
+    tokens_BxG: the bag's ids; source_BxG: the attention position [0, L) each of them is, or -1
     for the tokens only the bag reads (and for padding).
     """
 
-    tokens_BxM: jax.Array
-    source_BxM: jax.Array
+    tokens_BxG: jax.Array
+    source_BxG: jax.Array
 
 
 def has_attention(cfg: ModelConfig) -> bool:
@@ -77,7 +77,7 @@ def probabilities(
     params: dict, tokens_BxL: jax.Array, cfg: ModelConfig, bag: Bag | None = None
 ) -> jax.Array:
     """Class probabilities [B, C] float32 in evaluation mode."""
-    logits_BxC, _ = classifier.apply(params, tokens_BxL, cfg, bag_tokens_BxM=_bag_tokens(bag))
+    logits_BxC, _ = classifier.apply(params, tokens_BxL, cfg, bag_tokens_BxG=_bag_tokens(bag))
     return jax.nn.softmax(logits_BxC.astype(jnp.float32))
 
 
@@ -98,7 +98,7 @@ def logit_halves(
     ValueError for a model without a bag."""
     if not cfg.bag_buckets:
         raise ValueError("importance.logit_halves: the model has no bag (bag_buckets=0)")
-    logits_BxC, _ = classifier.apply(params, tokens_BxL, cfg, bag_tokens_BxM=_bag_tokens(bag))
+    logits_BxC, _ = classifier.apply(params, tokens_BxL, cfg, bag_tokens_BxG=_bag_tokens(bag))
     alone = dataclasses.replace(cfg, bag_buckets=0)
     encoder_BxC, _ = classifier.apply(
         {k: v for k, v in params.items() if k != "bag"}, tokens_BxL, alone
@@ -160,7 +160,7 @@ def gradient(
             tokens_BxL,
             cfg,
             embed_delta_BxLxD=delta_BxLxD,
-            bag_tokens_BxM=_bag_tokens(bag),
+            bag_tokens_BxG=_bag_tokens(bag),
         )
         logp_BxC = jax.nn.log_softmax(logits_BxC.astype(jnp.float32))
         c_B = jnp.argmax(jax.lax.stop_gradient(logp_BxC), -1)
@@ -214,10 +214,10 @@ def erase(
     erased_BxL = jnp.where(keep_BxL, tokens_BxL, PAD)
     if bag is None:
         return erased_BxL, None
-    inside_BxM = bag.source_BxM >= 0
-    at_BxM = jnp.take_along_axis(keep_BxL, jnp.maximum(bag.source_BxM, 0), axis=1)
-    keep_BxM = jnp.where(inside_BxM, at_BxM, keep_outside)
-    return erased_BxL, Bag(jnp.where(keep_BxM, bag.tokens_BxM, PAD), bag.source_BxM)
+    inside_BxG = bag.source_BxG >= 0
+    at_BxG = jnp.take_along_axis(keep_BxL, jnp.maximum(bag.source_BxG, 0), axis=1)
+    keep_BxG = jnp.where(inside_BxG, at_BxG, keep_outside)
+    return erased_BxL, Bag(jnp.where(keep_BxG, bag.tokens_BxG, PAD), bag.source_BxG)
 
 
 def top_k(scores_BxL: jax.Array, candidates_BxL: jax.Array, k_B: jax.Array) -> jax.Array:
@@ -229,7 +229,7 @@ def top_k(scores_BxL: jax.Array, candidates_BxL: jax.Array, k_B: jax.Array) -> j
 
 
 def top_counts(candidates_BxL: jax.Array, percents: tuple[int, ...]) -> jax.Array:
-    """int32 [K, B]: ceil(percent% of each row's candidates), so at least one token of any text
+    """int32 [Y, B]: ceil(percent% of each row's candidates), so at least one token of any text
     (integer arithmetic: 10% of 10 tokens is exactly 1)."""
     n_B = candidates_BxL.sum(-1).astype(jnp.int32)
     return jnp.stack([(p * n_B + 99) // 100 for p in percents])
@@ -245,48 +245,48 @@ def erasure_drops(
     percents: tuple[int, ...],
     bag: Bag | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """(comprehensiveness [B, K], sufficiency [B, K]) of one ranking at each of `percents`.
+    """(comprehensiveness [B, Y], sufficiency [B, Y]) of one ranking at each of `percents`.
 
     candidates_BxL marks the tokens a ranking may pick (the text's tokens, not PAD or CLS); those
     not picked stay for sufficiency, so the CLS token that cls pooling reads is never erased.
     Comprehensiveness erases the top ceil(k% · n) candidates; sufficiency erases every other
     candidate and, when the bag reads more of the text, the tokens only the bag reads."""
     c_B, p_B = predicted(params, tokens_BxL, cfg, bag)
-    top_KxBxL = jax.vmap(lambda k_B: top_k(scores_BxL, candidates_BxL, k_B))(
+    top_YxBxL = jax.vmap(lambda k_B: top_k(scores_BxL, candidates_BxL, k_B))(
         top_counts(candidates_BxL, percents)
     )
-    top_BxKxL = jnp.swapaxes(top_KxBxL, 0, 1)
-    only_BxKxL = top_BxKxL | ~candidates_BxL[:, None, :]  # the top, and every non-candidate
-    # Both tests as one batch of 2K erasures per text: comprehensiveness, then sufficiency.
-    keep_Bx2KxL = jnp.concatenate([~top_BxKxL, only_BxKxL], axis=1)
-    outside_2K = jnp.repeat(jnp.array([True, False]), len(percents))
-    p_Bx2K = _erased_probability(params, tokens_BxL, keep_Bx2KxL, c_B, cfg, bag, outside_2K)
-    drop_Bx2K = p_B[:, None] - p_Bx2K
-    return drop_Bx2K[:, : len(percents)], drop_Bx2K[:, len(percents) :]
+    top_BxYxL = jnp.swapaxes(top_YxBxL, 0, 1)
+    only_BxYxL = top_BxYxL | ~candidates_BxL[:, None, :]  # the top, and every non-candidate
+    # Both tests as one batch of 2Y erasures per text: comprehensiveness, then sufficiency.
+    keep_Bx2YxL = jnp.concatenate([~top_BxYxL, only_BxYxL], axis=1)
+    outside_2Y = jnp.repeat(jnp.array([True, False]), len(percents))
+    p_Bx2Y = _erased_probability(params, tokens_BxL, keep_Bx2YxL, c_B, cfg, bag, outside_2Y)
+    drop_Bx2Y = p_B[:, None] - p_Bx2Y
+    return drop_Bx2Y[:, : len(percents)], drop_Bx2Y[:, len(percents) :]
 
 
 def _erased_probability(
     params: dict,
     tokens_BxL: jax.Array,
-    keep_BxNxL: jax.Array,
+    keep_BxnxL: jax.Array,
     c_B: jax.Array,
     cfg: ModelConfig,
     bag: Bag | None,
-    keep_outside_N: jax.Array,
+    keep_outside_n: jax.Array,
 ) -> jax.Array:
-    """[B, N]: probability of class c_B of each text under each of its N erasures, as one batch;
-    erasure n keeps the tokens only the bag reads when keep_outside_N[n]."""
-    batch, n, length = keep_BxNxL.shape
+    """[B, n]: probability of class c_B of each text under each of its n erasures, as one batch;
+    erasure i keeps the tokens only the bag reads when keep_outside_n[i]."""
+    batch, n, length = keep_BxnxL.shape
 
-    def flat(a_BxX: jax.Array) -> jax.Array:  # each text's row repeated N times
+    def flat(a_BxX: jax.Array) -> jax.Array:  # each text's row repeated n times
         return jnp.repeat(a_BxX, n, axis=0)
 
-    bag_n = None if bag is None else Bag(flat(bag.tokens_BxM), flat(bag.source_BxM))
+    bag_n = None if bag is None else Bag(flat(bag.tokens_BxG), flat(bag.source_BxG))
     tokens_n, bag_n = erase(
         flat(tokens_BxL),
-        keep_BxNxL.reshape(batch * n, length),
+        keep_BxnxL.reshape(batch * n, length),
         bag_n,
-        keep_outside=jnp.tile(keep_outside_N, batch)[:, None],
+        keep_outside=jnp.tile(keep_outside_n, batch)[:, None],
     )
     p_nxC = probabilities(params, tokens_n, cfg, bag_n)
     return _take(p_nxC, jnp.repeat(c_B, n)).reshape(batch, n)
@@ -303,7 +303,7 @@ def _take(p_BxC: jax.Array, c_B: jax.Array) -> jax.Array:
 
 
 def _bag_tokens(bag: Bag | None) -> jax.Array | None:
-    return None if bag is None else bag.tokens_BxM
+    return None if bag is None else bag.tokens_BxG
 
 
 def _arrays(params: dict) -> dict:

@@ -31,12 +31,12 @@ def dense_init(
     return params
 
 
-def dense(params: Params, x_xI: jax.Array) -> jax.Array:
+def dense(params: Params, x_xX: jax.Array) -> jax.Array:
     """x [..., d_in] -> [..., d_out], computed in x's dtype."""
-    y_xO = x_xI @ params["w"].astype(x_xI.dtype)
+    y = x_xX @ params["w"].astype(x_xX.dtype)
     if "b" in params:
-        y_xO = y_xO + params["b"].astype(x_xI.dtype)
-    return y_xO
+        y = y + params["b"].astype(x_xX.dtype)
+    return y
 
 
 def layer_norm_init(d: int, dtype=jnp.float32) -> Params:

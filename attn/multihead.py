@@ -1,6 +1,6 @@
 """Multi-head attention over one sequence: project, split heads, attend per head, merge.
 
-Params: {"q", "o": {"w": [D, D], "b": [D]}, "k", "v": {"w": [C, D], "b": [D]}} (C = D for
+Params: {"q", "o": {"w": [D, D], "b": [D]}, "k", "v": {"w": [W, D], "b": [D]}} (W = D for
 self-attention; the feature size of the keys' and values' input for cross-attention) plus, for
 parameterized scores, "score": the score's params stacked over heads (leading axis H). Head h uses
 columns h*Dh:(h+1)*Dh of the q/k/v projections and rows h*Dh:(h+1)*Dh of the output projection
@@ -89,9 +89,9 @@ def check_params(params: dict, d_model: int, d_kv: int, num_heads: int) -> None:
             )
 
 
-def heads(dense_params: dict, x_xLxC: jax.Array, num_heads: int) -> jax.Array:
-    """One projection of x [..., L, C], split into heads -> [..., L, H, Dh]."""
-    y_xLxD = layers.dense(dense_params, x_xLxC)
+def heads(dense_params: dict, x_xLxW: jax.Array, num_heads: int) -> jax.Array:
+    """One projection of x [..., L, W], split into heads -> [..., L, H, Dh]."""
+    y_xLxD = layers.dense(dense_params, x_xLxW)
     return y_xLxD.reshape(*y_xLxD.shape[:-1], num_heads, y_xLxD.shape[-1] // num_heads)
 
 
@@ -102,23 +102,23 @@ def merge(params: dict, out_xLxHxK: jax.Array, dtype: jnp.dtype) -> jax.Array:
 
 
 def _project(
-    params: dict, x_LxD: jax.Array, kv_MxC: jax.Array | None, num_heads: int
+    params: dict, x_LxD: jax.Array, kv_MxW: jax.Array | None, num_heads: int
 ) -> tuple[jax.Array, jax.Array, jax.Array, Any]:
-    """x [L, D] (and kv [M, C]) -> Q [H, L, Dh], K, V [H, M, Dh] and the per-head score params
+    """x [L, D] (and kv [M, W]) -> Q [H, L, Dh], K, V [H, M, Dh] and the per-head score params
     (or None), validated."""
-    kv_MxC = x_LxD if kv_MxC is None else kv_MxC
-    for name, x in (("x", x_LxD), ("kv", kv_MxC)):
+    kv_MxW = x_LxD if kv_MxW is None else kv_MxW
+    for name, x in (("x", x_LxD), ("kv", kv_MxW)):
         if x.ndim != 2:
             raise ValueError(
                 f"{name} must be [L, features], one sequence (vmap for a batch, or use "
                 f"attn.flax_interop's modules); got shape {x.shape}"
             )
-    check_params(params, x_LxD.shape[1], kv_MxC.shape[1], num_heads)
+    check_params(params, x_LxD.shape[1], kv_MxW.shape[1], num_heads)
 
     def split(name: str, x: jax.Array) -> jax.Array:
         return heads(params[name], x, num_heads).swapaxes(0, 1)
 
-    return split("q", x_LxD), split("k", kv_MxC), split("v", kv_MxC), params.get("score")
+    return split("q", x_LxD), split("k", kv_MxW), split("v", kv_MxW), params.get("score")
 
 
 def _merge(params: dict, out_HxLxK: jax.Array, dtype: jnp.dtype) -> jax.Array:
@@ -132,11 +132,11 @@ def apply(
     *,
     num_heads: int,
     attend: Attend = attention,
-    kv_MxC: jax.Array | None = None,
+    kv_MxW: jax.Array | None = None,
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
-    """Self-attention of x [L, D] (cross-attention to kv [M, C] when given) under a mask of any
+    """Self-attention of x [L, D] (cross-attention to kv [M, W] when given) under a mask of any
     form `attn.attention` takes: key padding [M] (True = real token), [L, M], or a function of
     positions (`attn.masks`).
 
@@ -149,7 +149,7 @@ def apply(
     implementation does not materialise them). Padding queries still get an output (attending to
     real keys); callers pool with the mask, so it never matters.
     """
-    q_HxLxK, k_HxMxK, v_HxMxK, score_params = _project(params, x_LxD, kv_MxC, num_heads)
+    q_HxLxK, k_HxMxK, v_HxMxK, score_params = _project(params, x_LxD, kv_MxW, num_heads)
     sp_axis = None if score_params is None else 0
     if dropout_rate > 0.0:
         if dropout_rng is None:

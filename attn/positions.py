@@ -14,15 +14,16 @@ def learned_init(key: jax.Array, max_len: int, d_model: int, *, stddev: float = 
     return layers.embed_init(key, max_len, d_model, stddev=stddev)
 
 
-def learned(table_PxD: jax.Array, length: int) -> jax.Array:
-    """First `length` rows of the table -> [length, D]; longer than the table is a ValueError."""
-    max_len = table_PxD.shape[0]
+def learned(table_XxD: jax.Array, length: int) -> jax.Array:
+    """First `length` rows of the table [X = max_len, D] -> [length, D]; longer than the table is
+    a ValueError."""
+    max_len = table_XxD.shape[0]
     if length > max_len:
         raise ValueError(
             f"sequence length {length} exceeds max_len={max_len} of the learned position table; "
             "raise max_len or truncate the input"
         )
-    return table_PxD[:length]
+    return table_XxD[:length]
 
 
 def sinusoidal(length: int, d_model: int) -> jax.Array:

@@ -34,11 +34,11 @@ def _pair_score(name: str, p: Any, q: np.ndarray, k: np.ndarray) -> float:
     if name == "general":
         return float(q @ p["w_DxD"] @ k)
     if name == "additive":
-        w_2DxH = np.concatenate([p["wq_DxH"], p["wk_DxH"]], axis=0)
-        return float(p["v_H"] @ np.tanh(np.concatenate([q, k]) @ w_2DxH + p["b_H"]))
+        w_2DxA = np.concatenate([p["wq_DxH"], p["wk_DxH"]], axis=0)
+        return float(p["v_H"] @ np.tanh(np.concatenate([q, k]) @ w_2DxA + p["b_H"]))
     if name == "mlp":
-        w_3DxH = np.concatenate([p["wq_DxH"], p["wk_DxH"], p["wp_DxH"]], axis=0)
-        h = np.tanh(np.concatenate([q, k, q * k]) @ w_3DxH + p["b1_H"])
+        w_3DxA = np.concatenate([p["wq_DxH"], p["wk_DxH"], p["wp_DxH"]], axis=0)
+        h = np.tanh(np.concatenate([q, k, q * k]) @ w_3DxA + p["b1_H"])
         return float(p["w2_H"] @ h)
     raise ValueError(f"score must be one of dot, scaled_dot, general, additive, mlp; got {name!r}")
 

@@ -8,6 +8,8 @@ and k_pos [M]. The chunked form calls a score on one block of queries and keys a
 score may depend on (q_i, k_j, i, j) and its params only, never on which other rows it is given.
 It must be finite, with finite derivatives, on every real pair, masked or not.
 ``get_score`` resolves a name or a user callable to a ``Score`` once, at the API boundary.
+The params' keys (``wq_DxH``, ``b_H``, ...) are a saved format, so they keep H for the additive
+and mlp scores' hidden width, which the legend in ``attn`` (and the code here) calls A.
 
 Built-in scores are computed in at least float32 whatever the input dtype (bfloat16 inputs give
 float32 scores) because the softmax that follows is sensitive to rounding in its inputs.
@@ -136,14 +138,14 @@ def init_general(
 def additive(params: dict[str, jax.Array], q_LxD: jax.Array, k_MxD: jax.Array) -> jax.Array:
     """Concat / Bahdanau: s_ij = vᵀ tanh(W [q_i; k_j] + b).
 
-    W [q; k] = W_q q + W_k k, so each side is projected once ([L, H] and [M, H]) and only the
-    broadcast sum [L, M, H] is formed, never the [L, M, 2D] concatenation.
+    W [q; k] = W_q q + W_k k, so each side is projected once ([L, A] and [M, A]) and only the
+    broadcast sum [L, M, A] is formed, never the [L, M, 2D] concatenation.
     """
     f = _acc_dtype(q_LxD, k_MxD, params["wq_DxH"])
-    hq_LxH = jnp.einsum("ld,dh->lh", q_LxD, params["wq_DxH"], preferred_element_type=f)
-    hk_MxH = jnp.einsum("md,dh->mh", k_MxD, params["wk_DxH"], preferred_element_type=f)
-    h_LxMxH = jnp.tanh(hq_LxH[:, None, :] + hk_MxH[None, :, :] + params["b_H"])
-    return jnp.einsum("lmh,h->lm", h_LxMxH, params["v_H"].astype(f))
+    hq_LxA = jnp.einsum("ld,da->la", q_LxD, params["wq_DxH"], preferred_element_type=f)
+    hk_MxA = jnp.einsum("md,da->ma", k_MxD, params["wk_DxH"], preferred_element_type=f)
+    h_LxMxA = jnp.tanh(hq_LxA[:, None, :] + hk_MxA[None, :, :] + params["b_H"])
+    return jnp.einsum("lma,a->lm", h_LxMxA, params["v_H"].astype(f))
 
 
 def init_additive(
@@ -163,18 +165,18 @@ def init_additive(
 def mlp(params: dict[str, jax.Array], q_LxD: jax.Array, k_MxD: jax.Array) -> jax.Array:
     """Perceptron on [q_i; k_j; q_i * k_j]: s_ij = w2ᵀ tanh(W1 [q; k; q*k] + b1).
 
-    W1 is stored as three [D, H] blocks so the q and k parts are projected once per side; only
+    W1 is stored as three [D, A] blocks so the q and k parts are projected once per side; only
     the elementwise-product term needs the pair axis. No output bias: softmax ignores it.
     """
     f = _acc_dtype(q_LxD, k_MxD, params["wq_DxH"])
-    hq_LxH = jnp.einsum("ld,dh->lh", q_LxD, params["wq_DxH"], preferred_element_type=f)
-    hk_MxH = jnp.einsum("md,dh->mh", k_MxD, params["wk_DxH"], preferred_element_type=f)
+    hq_LxA = jnp.einsum("ld,da->la", q_LxD, params["wq_DxH"], preferred_element_type=f)
+    hk_MxA = jnp.einsum("md,da->ma", k_MxD, params["wk_DxH"], preferred_element_type=f)
     # (q_i * k_j) W_p = sum_d k_jd (q_id W_p[d]): fold q into W_p first so the pair term is one
-    # matmul over an [L, D, H] tensor instead of forming the [L, M, D] products.
-    qwp_LxDxH = q_LxD[:, :, None].astype(f) * params["wp_DxH"].astype(f)
-    hp_LxMxH = jnp.einsum("ldh,md->lmh", qwp_LxDxH, k_MxD, preferred_element_type=f)
-    h_LxMxH = jnp.tanh(hq_LxH[:, None, :] + hk_MxH[None, :, :] + hp_LxMxH + params["b1_H"])
-    return jnp.einsum("lmh,h->lm", h_LxMxH, params["w2_H"].astype(f))
+    # matmul over an [L, D, A] tensor instead of forming the [L, M, D] products.
+    qwp_LxDxA = q_LxD[:, :, None].astype(f) * params["wp_DxH"].astype(f)
+    hp_LxMxA = jnp.einsum("lda,md->lma", qwp_LxDxA, k_MxD, preferred_element_type=f)
+    h_LxMxA = jnp.tanh(hq_LxA[:, None, :] + hk_MxA[None, :, :] + hp_LxMxA + params["b1_H"])
+    return jnp.einsum("lma,a->lm", h_LxMxA, params["w2_H"].astype(f))
 
 
 def init_mlp(

@@ -45,8 +45,8 @@ class Classifier(nn.Module):
         mask_BxL = tokens_BxL != classifier.PAD
         x = nn.Embed(cfg.vocab_size, cfg.d_model, name="tokens")(tokens_BxL)
         if cfg.ngram_buckets:
-            ids_NxBxL = classifier.ngram_buckets(tokens_BxL, cfg.ngram_orders, cfg.ngram_buckets)
-            g = nn.Embed(cfg.ngram_buckets, cfg.d_model, name="ngrams")(ids_NxBxL).sum(0)
+            ids_OxBxL = classifier.ngram_buckets(tokens_BxL, cfg.ngram_orders, cfg.ngram_buckets)
+            g = nn.Embed(cfg.ngram_buckets, cfg.d_model, name="ngrams")(ids_OxBxL).sum(0)
             x = x + jnp.where(mask_BxL[..., None], g, 0.0)
         if cfg.positions == "learned":
             init = nn.initializers.normal(0.02)

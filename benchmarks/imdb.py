@@ -12,7 +12,7 @@ import time
 
 from benchmarks import config_file, timing
 from benchmarks.accuracy import tfidf_baseline, train_variant
-from experiments import workdirs
+from experiments import fields
 
 # Published test accuracies on IMDB, printed beside ours (not measured here).
 ANCHORS = {

@@ -38,7 +38,7 @@ def stream(config: ml_collections.ConfigDict, train: encoding.Split, start_step:
     )
 
 
-def plain_step(cfg: classifier.ModelConfig, tx, optim: ml_collections.ConfigDict):
+def plain_step(cfg: classifier.ModelConfig, tx, o: ml_collections.ConfigDict):
     """Our jitted train step without label smoothing, weight average or adversarial loss: the
     same computation as the Flax twin's."""
     return jax.jit(
@@ -47,7 +47,7 @@ def plain_step(cfg: classifier.ModelConfig, tx, optim: ml_collections.ConfigDict
             cfg=cfg,
             tx=tx,
             label_smoothing=0.0,
-            penalty_weight=optim.penalty_weight,
+            penalty_weight=o.penalty_weight,
         )
     )
 

@@ -174,10 +174,10 @@ def _draw(
     names, rows = [], []
     first = None
     x_title = _x_title(cfg, layer)
-    for n, (ids_L, bag_M, view_L, note) in enumerate(
+    for n, (ids_L, bag_G, view_L, note) in enumerate(
         zip(encoded, bags, drawn, notes, strict=True), 1
     ):
-        result = maps.analyse(trained.params, cfg, ids_L, bag_M)
+        result = maps.analyse(trained.params, cfg, ids_L, bag_G)
         tokens = trained.tokenizer.tokens(ids_L.tolist())
         label = trained.label_names[int(result["probs"].argmax())]
         caption = f"text {n}: {label} ({result['probs'].max():.2f})"

@@ -10,13 +10,13 @@ from attn import bag, classifier
 from attn.classifier import ModelConfig
 
 
-def _reference(table_VxC, ids_NxBxL, real_BxL) -> np.ndarray:
+def _reference(table_VxC, ids_OxBxL, real_BxL) -> np.ndarray:
     """Per row: the set of distinct ids of each order at real positions, summed and normalised."""
-    n_orders, batch, _ = ids_NxBxL.shape
+    n_orders, batch, _ = ids_OxBxL.shape
     out = np.zeros((batch, table_VxC.shape[1]))
     for b in range(batch):
         distinct = [
-            {int(i) for i, r in zip(ids_NxBxL[n, b], real_BxL[b], strict=True) if r}
+            {int(i) for i, r in zip(ids_OxBxL[n, b], real_BxL[b], strict=True) if r}
             for n in range(n_orders)
         ]
         count = sum(len(d) for d in distinct)
@@ -90,7 +90,7 @@ def test_classifier_adds_the_bag_to_its_logits():
 
 
 def test_the_bag_reads_bag_tokens_when_given():
-    """bag_tokens_BxM (more of each text) replaces the tokens in the bag, and only there."""
+    """bag_tokens_BxG (more of each text) replaces the tokens in the bag, and only there."""
     kw = dict(vocab_size=30, d_model=8, num_heads=2, d_ff=16, max_len=16, num_classes=2)
     cfg = ModelConfig(**kw, bag_buckets=64, bag_orders=(1, 2))
     tokens = jnp.array([[5, 9, 7, 11, 0, 0], [4, 4, 4, 0, 0, 0]])
@@ -98,9 +98,9 @@ def test_the_bag_reads_bag_tokens_when_given():
     params = classifier.init(jax.random.key(0), cfg)
     params["bag"] = jax.random.normal(jax.random.key(1), (64, 2))
     plain, _ = classifier.apply(params, tokens, cfg)
-    same, _ = classifier.apply(params, tokens, cfg, bag_tokens_BxM=tokens)
+    same, _ = classifier.apply(params, tokens, cfg, bag_tokens_BxG=tokens)
     np.testing.assert_array_equal(same, plain)
-    got, _ = classifier.apply(params, tokens, cfg, bag_tokens_BxM=longer)
+    got, _ = classifier.apply(params, tokens, cfg, bag_tokens_BxG=longer)
     bag_of = lambda t: bag.logits(params["bag"], classifier.ngram_buckets(t, (1, 2), 64), t != 0)
     np.testing.assert_allclose(got - plain, bag_of(longer) - bag_of(tokens), rtol=1e-5, atol=1e-5)
     assert not np.allclose(got[0], plain[0])  # row 0 reads 3 more tokens
@@ -147,13 +147,13 @@ def test_a_checkpoint_from_before_the_bag_fields_still_resumes():
     assert checkpoints._run_fields(old) != checkpoints._run_fields(other)
 
 
-def _count_reference(ids_NxBxL, real_BxL, labels_B, weight_B, buckets, classes) -> np.ndarray:
+def _count_reference(ids_OxBxL, real_BxL, labels_B, weight_B, buckets, classes) -> np.ndarray:
     """Per row of weight 1: each distinct id of each order at real positions adds one document."""
     out = np.zeros((buckets, classes))
-    for n in range(ids_NxBxL.shape[0]):
-        for b in range(ids_NxBxL.shape[1]):
+    for n in range(ids_OxBxL.shape[0]):
+        for b in range(ids_OxBxL.shape[1]):
             if weight_B[b]:
-                for i in {int(i) for i, r in zip(ids_NxBxL[n, b], real_BxL[b], strict=True) if r}:
+                for i in {int(i) for i, r in zip(ids_OxBxL[n, b], real_BxL[b], strict=True) if r}:
                     out[i, labels_B[b]] += 1
     return out
 

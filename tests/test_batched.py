@@ -177,17 +177,17 @@ def test_a_fully_masked_row_is_zero_here_and_the_mean_of_value_in_jax_nn():
     out = attn.dot_product_attention(q, k, v, mask=mask)
     out_nn = jax.nn.dot_product_attention(q, k, v, mask=mask)
     out_mean = attn.dot_product_attention(q, k, v, mask=mask, fully_masked="mean")
-    dead_BxTxN = dead.transpose(0, 2, 1)
-    np.testing.assert_array_equal(np.asarray(out)[dead_BxTxN], 0.0)
-    v_mean_BxKxH = np.asarray(v).mean(axis=1)  # every value, masked or not
-    b, t, n = np.nonzero(dead_BxTxN)
-    np.testing.assert_allclose(np.asarray(out_nn)[b, t, n], v_mean_BxKxH[b, n // (N // K)], 1e-5)
+    dead_BxLxH = dead.transpose(0, 2, 1)
+    np.testing.assert_array_equal(np.asarray(out)[dead_BxLxH], 0.0)
+    v_mean_BxXxK = np.asarray(v).mean(axis=1)  # X: key/value heads; every value, masked or not
+    b, t, n = np.nonzero(dead_BxLxH)
+    np.testing.assert_allclose(np.asarray(out_nn)[b, t, n], v_mean_BxXxK[b, n // (N // K)], 1e-5)
     np.testing.assert_allclose(out_mean, out_nn, atol=2e-5)
-    np.testing.assert_allclose(np.asarray(out)[~dead_BxTxN], np.asarray(out_nn)[~dead_BxTxN], 2e-5)
+    np.testing.assert_allclose(np.asarray(out)[~dead_BxLxH], np.asarray(out_nn)[~dead_BxLxH], 2e-5)
 
 
 def _per_row_heads(q, k, v, row_fn):
-    """out [B, T, N, Hv] from row_fn(b, n, q_TxH, k_SxH, v_SxE), one (row, head) at a time."""
+    """out [B, T, N, Hv] from row_fn(b, n, q_LxK, k_MxK, v_MxE), one (row, head) at a time."""
     g = q.shape[2] // k.shape[2]
     rows = [  # a row_fn that compiles gets the same shapes every time: one compile
         [row_fn(b, n, q[b, :, n], k[b, :, n // g], v[b, :, n // g]) for n in range(q.shape[2])]
@@ -198,9 +198,9 @@ def _per_row_heads(q, k, v, row_fn):
 
 def test_per_row_segment_ids_and_lengths_match_the_loop():
     q, k, v = _qkv(13, s=T)
-    seg_BxT = np.array([[0, 0, 1, 1, 1], [0, 1, 1, 2, 2]])
+    seg_BxL = np.array([[0, 0, 1, 1, 1], [0, 1, 1, 2, 2]])
     len_B = np.array([5, 4], np.int32)
-    mask = masks.all_of(masks.segments(seg_BxT), masks.lengths(len_B, len_B), masks.causal)
+    mask = masks.all_of(masks.segments(seg_BxL), masks.lengths(len_B, len_B), masks.causal)
     assert mask.batch_shape == (B,)
     for implementation in ("matrix", "chunked", "xla"):
         out = attn.dot_product_attention(
@@ -208,7 +208,7 @@ def test_per_row_segment_ids_and_lengths_match_the_loop():
         )
 
         def row(b, n, q, k, v):
-            rule = lambda i, j: seg_BxT[b, i] == seg_BxT[b, j] and i < len_B[b] and j <= i
+            rule = lambda i, j: seg_BxL[b, i] == seg_BxL[b, j] and i < len_B[b] and j <= i
             return reference.attention(q, k, v, rule)[0]
 
         np.testing.assert_allclose(out, _per_row_heads(q, k, v, row), atol=2e-5)

@@ -130,13 +130,13 @@ def test_the_bag_loses_exactly_the_erased_tokens(bagged):
     loaded = serving.load(bagged)
     long_text = "这家酒店" * 30 + "服务很差，不推荐"  # cut for attention, read longer by the bag
     ids_L = serving.encode(loaded, long_text)
-    bag_M = serving.encode_bag(loaded, long_text)
-    source_M = ranking.bag_source(loaded, long_text)
-    assert len(ids_L) == 64 and len(bag_M) == 128 and ids_L[0] == tokenizers.CLS
-    inside = source_M >= 0
-    assert (bag_M[inside] == ids_L[source_M[inside]]).all()  # the same tokens of the text
-    assert sorted(source_M[inside]) == list(range(64))  # each attention position once
-    assert source_M[-8:].tolist() == list(range(56, 64))  # the kept tail lines up at the end
+    bag_G = serving.encode_bag(loaded, long_text)
+    source_G = ranking.bag_source(loaded, long_text)
+    assert len(ids_L) == 64 and len(bag_G) == 128 and ids_L[0] == tokenizers.CLS
+    inside = source_G >= 0
+    assert (bag_G[inside] == ids_L[source_G[inside]]).all()  # the same tokens of the text
+    assert sorted(source_G[inside]) == list(range(64))  # each attention position once
+    assert source_G[-8:].tolist() == list(range(56, 64))  # the kept tail lines up at the end
     assert (~inside).sum() == 64
 
 
@@ -156,13 +156,13 @@ def _fake_trained(max_len: int, tail_len: int, bag_len: int, cls: bool):
 @pytest.mark.parametrize("text", ["abc", "abcdefghij" * 3, "abcdefghij" * 9])
 def test_bag_source_lines_up_with_both_cuts(text, cls):
     t = _fake_trained(max_len=12, tail_len=4, bag_len=48, cls=cls)
-    ids_L, bag_M = serving.encode(t, text), serving.encode_bag(t, text)
-    source_M = ranking.bag_source(t, text)
-    assert len(source_M) == len(bag_M)
-    inside = source_M >= 0
-    assert (bag_M[inside] == ids_L[source_M[inside]]).all()
-    assert sorted(source_M[inside]) == list(range(len(ids_L)))
-    assert (~inside).sum() == len(bag_M) - len(ids_L)
+    ids_L, bag_G = serving.encode(t, text), serving.encode_bag(t, text)
+    source_G = ranking.bag_source(t, text)
+    assert len(source_G) == len(bag_G)
+    inside = source_G >= 0
+    assert (bag_G[inside] == ids_L[source_G[inside]]).all()
+    assert sorted(source_G[inside]) == list(range(len(ids_L)))
+    assert (~inside).sum() == len(bag_G) - len(ids_L)
     assert ranking.bag_source(_fake_trained(12, 4, 0, cls), text) is None
 
 

@@ -26,7 +26,7 @@ def _pure(params, x, mask, score="scaled_dot", kv=None):
     attend = functools.partial(attention, score=score)
 
     def one(x, m, kv):
-        return multihead.apply(params, x, m, num_heads=H, attend=attend, kv_MxC=kv)
+        return multihead.apply(params, x, m, num_heads=H, attend=attend, kv_MxW=kv)
 
     kv_axis = None if kv is None else 0
     return jax.vmap(one, in_axes=(0, 0, kv_axis))(x, mask, kv)

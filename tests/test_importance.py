@@ -159,10 +159,10 @@ def _rich_batch() -> tuple[jax.Array, importance.Bag]:
 _apply = jax.jit(classifier.apply, static_argnames="cfg")  # compiled once per shape: fast loops
 
 
-def _one(params, tokens_L, bag_M, cfg) -> np.ndarray:
+def _one(params, tokens_L, bag_G, cfg) -> np.ndarray:
     """The model's probabilities of one text, straight from classifier.apply."""
     logits, _ = _apply(
-        params, jnp.asarray(tokens_L)[None], cfg=cfg, bag_tokens_BxM=jnp.asarray(bag_M)[None]
+        params, jnp.asarray(tokens_L)[None], cfg=cfg, bag_tokens_BxG=jnp.asarray(bag_G)[None]
     )
     return np.asarray(jax.nn.softmax(logits)[0])
 
@@ -175,16 +175,16 @@ def test_leave_one_out_matches_a_per_text_loop(chunk):
         params, tokens, RICH, bag, chunk=chunk
     )
     for b in range(len(tokens)):
-        t_L, m_M, src_M = (np.asarray(a[b]) for a in (tokens, bag.tokens_BxM, bag.source_BxM))
-        p_C = _one(params, t_L, m_M, RICH)
+        t_L, m_G, src_G = (np.asarray(a[b]) for a in (tokens, bag.tokens_BxG, bag.source_BxG))
+        p_C = _one(params, t_L, m_G, RICH)
         c = p_C.argmax()
         for pos in range(len(t_L)):
             if t_L[pos] == PAD:
                 assert loo[b, pos] == 0.0
                 continue
-            erased_t, erased_m = t_L.copy(), m_M.copy()
+            erased_t, erased_m = t_L.copy(), m_G.copy()
             erased_t[pos] = PAD
-            erased_m[src_M == pos] = PAD
+            erased_m[src_G == pos] = PAD
             want = p_C[c] - _one(params, erased_t, erased_m, RICH)[c]
             np.testing.assert_allclose(loo[b, pos], want, atol=1e-6)
 
@@ -199,23 +199,23 @@ def test_erasure_drops_match_erasing_by_hand():
         params, tokens, scores, candidates, RICH, percents=percents, bag=bag
     )
     for b in range(len(tokens)):
-        t_L, m_M, src_M = (np.asarray(a[b]) for a in (tokens, bag.tokens_BxM, bag.source_BxM))
-        p_C = _one(params, t_L, m_M, RICH)
+        t_L, m_G, src_G = (np.asarray(a[b]) for a in (tokens, bag.tokens_BxG, bag.source_BxG))
+        p_C = _one(params, t_L, m_G, RICH)
         c = p_C.argmax()
         cand = np.flatnonzero(np.asarray(candidates[b]))
         ranked = cand[np.argsort(-np.asarray(scores[b])[cand], kind="stable")]
         for j, pct in enumerate(percents):
             top = ranked[: -(-pct * len(cand) // 100)]
-            gone_t, gone_m = t_L.copy(), m_M.copy()
+            gone_t, gone_m = t_L.copy(), m_G.copy()
             gone_t[top] = PAD
-            gone_m[np.isin(src_M, top)] = PAD
+            gone_m[np.isin(src_G, top)] = PAD
             np.testing.assert_allclose(
                 comp[b, j], p_C[c] - _one(params, gone_t, gone_m, RICH)[c], atol=1e-6
             )
             rest = np.setdiff1d(cand, top)
-            only_t, only_m = t_L.copy(), m_M.copy()
+            only_t, only_m = t_L.copy(), m_G.copy()
             only_t[rest] = PAD
-            only_m[np.isin(src_M, rest) | ((src_M < 0) & (m_M != PAD) & (m_M != 2))] = PAD
+            only_m[np.isin(src_G, rest) | ((src_G < 0) & (m_G != PAD) & (m_G != 2))] = PAD
             np.testing.assert_allclose(
                 suff[b, j], p_C[c] - _one(params, only_t, only_m, RICH)[c], atol=1e-6
             )
@@ -237,14 +237,14 @@ def test_erasing_removes_the_tokens_ngrams_and_bag_features():
     keep = jnp.ones(tokens.shape, bool).at[1, 3].set(False)  # token 8 of text 2
     erased, erased_bag = importance.erase(tokens, keep, bag, keep_outside=True)
     assert erased[1, 3] == PAD and (erased[0] == tokens[0]).all()
-    assert erased_bag.tokens_BxM[1, 3] == PAD  # the bag's copy of it too, and only it
-    assert (erased_bag.tokens_BxM[1, 4:] == bag.tokens_BxM[1, 4:]).all()
+    assert erased_bag.tokens_BxG[1, 3] == PAD  # the bag's copy of it too, and only it
+    assert (erased_bag.tokens_BxG[1, 4:] == bag.tokens_BxG[1, 4:]).all()
     # No n-gram the erased text's model reads contains token 8: its bigrams and unigram are gone.
     ids = np.asarray(classifier.ngram_buckets(erased, cfg.ngram_orders, cfg.ngram_buckets))
     with_8 = classifier.ngram_buckets(jnp.array([[7, 8, 9]]), (2,), 1 << 16)[0, 0, 1:]
     assert not np.isin(np.asarray(with_8), ids[0, 1][np.asarray(erased[1]) != PAD]).any()
     feats = bag_lib.weights(
-        classifier.bag_ids(erased_bag.tokens_BxM, cfg), erased_bag.tokens_BxM != PAD
+        classifier.bag_ids(erased_bag.tokens_BxG, cfg), erased_bag.tokens_BxG != PAD
     )
     present = set(np.asarray(feats[0])[:, 1][np.asarray(feats[1])[:, 1] > 0].ravel().tolist())
     gone = classifier.bag_ids(jnp.array([[7, 8, 9]]), cfg)[:, 0]  # unigram 8, bigrams 7-8, 8-9
@@ -255,7 +255,7 @@ def test_erasing_removes_the_tokens_ngrams_and_bag_features():
     p = importance.probabilities(params, erased, cfg, erased_bag)[1]
     assert not np.allclose(p, importance.probabilities(params, tokens, cfg, bag)[1], atol=1e-4)
     unk = importance.probabilities(
-        params, tokens.at[1, 3].set(1), cfg, bag._replace(tokens_BxM=bag.tokens_BxM.at[1, 3].set(1))
+        params, tokens.at[1, 3].set(1), cfg, bag._replace(tokens_BxG=bag.tokens_BxG.at[1, 3].set(1))
     )[1]
     assert not np.allclose(p, unk, atol=1e-4)  # UNK is a token the model reads
 
@@ -327,7 +327,7 @@ def test_gradient_times_input_is_the_derivative_of_scaling_a_token():
     def log_p(b: int, pos: int, eps: float) -> float:  # token pos of text b scaled by 1 + eps
         delta = jnp.zeros_like(x).at[b, pos].set(eps * x[b, pos])
         logits, _ = _apply(
-            params, tokens, cfg=cfg, embed_delta_BxLxD=delta, bag_tokens_BxM=bag.tokens_BxM
+            params, tokens, cfg=cfg, embed_delta_BxLxD=delta, bag_tokens_BxG=bag.tokens_BxG
         )
         return float(jax.nn.log_softmax(logits)[b, c_B[b]])
 
@@ -389,9 +389,9 @@ def test_logit_halves_are_the_encoder_and_the_bag():
     params = _random_params(RICH)
     tokens, bag = _rich_batch()
     encoder, added = importance.logit_halves(params, tokens, RICH, bag)
-    logits, _ = classifier.apply(params, tokens, RICH, bag_tokens_BxM=bag.tokens_BxM)
+    logits, _ = classifier.apply(params, tokens, RICH, bag_tokens_BxG=bag.tokens_BxG)
     np.testing.assert_allclose(encoder + added, logits, atol=1e-5)
-    read = bag.tokens_BxM
+    read = bag.tokens_BxG
     want = bag_lib.logits(params["bag"], classifier.bag_ids(read, RICH), read != PAD)
     np.testing.assert_allclose(added, want, atol=1e-5)
     with pytest.raises(ValueError, match="no bag"):

@@ -210,12 +210,12 @@ def test_cross_attention_matches_the_per_head_loop():
     params = multihead.init(jax.random.key(13), D, H, d_kv=d_kv)
     assert params["k"]["w"].shape == params["v"]["w"].shape == (d_kv, D)
     x_LxD = jax.random.normal(jax.random.key(14), (L, D))
-    kv_MxC = jax.random.normal(jax.random.key(15), (m, d_kv))
+    kv_MxW = jax.random.normal(jax.random.key(15), (m, d_kv))
     mask_M = jnp.arange(m) < 7
-    y, w = multihead.apply(params, x_LxD, mask_M, num_heads=H, kv_MxC=kv_MxC)
+    y, w = multihead.apply(params, x_LxD, mask_M, num_heads=H, kv_MxW=kv_MxW)
     assert w.shape == (H, L, m)
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
-    x, kv, dh = np.asarray(x_LxD, np.float64), np.asarray(kv_MxC, np.float64), D // H
+    x, kv, dh = np.asarray(x_LxD, np.float64), np.asarray(kv_MxW, np.float64), D // H
     outs = []
     for h in range(H):
         cols = slice(h * dh, (h + 1) * dh)
@@ -225,7 +225,7 @@ def test_cross_attention_matches_the_per_head_loop():
     y_ref = np.concatenate(outs, axis=1) @ p["o"]["w"] + p["o"]["b"]
     np.testing.assert_allclose(y, y_ref, atol=1e-5)
     with pytest.raises(ValueError, match=r"params\['k'\]\['w'\] has shape \(5, 12\).*4 features"):
-        multihead.apply(params, x_LxD, mask_M, num_heads=H, kv_MxC=kv_MxC[:, :4])
+        multihead.apply(params, x_LxD, mask_M, num_heads=H, kv_MxW=kv_MxW[:, :4])
 
 
 def test_attention_dropout_draws_a_mask_per_head_and_needs_a_key():

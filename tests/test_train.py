@@ -233,12 +233,12 @@ def _naive_bayes_reference(workdir: str, cfg) -> np.ndarray:
     counts = np.zeros((cfg.bag_buckets, cfg.num_classes))
     read = data.ids if data.bag_ids is None else data.bag_ids
     # One padded matrix hashed at once (one shape to compile), then each text's real positions.
-    tokens_NxL = np.zeros((len(read), max(map(len, read))), np.int32)
+    tokens_BxL = np.zeros((len(read), max(map(len, read))), np.int32)
     for row, ids in enumerate(read):
-        tokens_NxL[row, : len(ids)] = ids
-    ids_KxNxL = np.asarray(classifier.bag_ids(tokens_NxL, cfg))
+        tokens_BxL[row, : len(ids)] = ids
+    ids_OxBxL = np.asarray(classifier.bag_ids(tokens_BxL, cfg))
     for row, (ids, label) in enumerate(zip(read, data.labels, strict=True)):
-        for order_ids in ids_KxNxL[:, row, : len(ids)]:
+        for order_ids in ids_OxBxL[:, row, : len(ids)]:
             counts[np.unique(order_ids), label] += 1  # once per text and n-gram order
     p = (counts + 1) / (counts + 1).sum(0)
     table = np.log(p) - np.log(p).mean(1, keepdims=True)

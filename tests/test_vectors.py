@@ -21,9 +21,9 @@ def _vecs(n: int, d: int, seed: int = 0) -> np.ndarray:
     return np.round(np.random.default_rng(seed).normal(size=(n, d)), 4).astype(np.float32)
 
 
-def _lines(words, vecs_NxD, fmt=".4f") -> list[str]:
+def _lines(words, vecs_NxW, fmt=".4f") -> list[str]:
     return [
-        w + " " + " ".join(f"{x:{fmt}}" for x in v) for w, v in zip(words, vecs_NxD, strict=True)
+        w + " " + " ".join(f"{x:{fmt}}" for x in v) for w, v in zip(words, vecs_NxW, strict=True)
     ]
 
 
@@ -35,9 +35,9 @@ def _write(tmp_path, name, lines, *, header=None, end="\n") -> str:
     return str(p)
 
 
-def _expected(vecs_NxD: np.ndarray) -> np.ndarray:
+def _expected(vecs_NxW: np.ndarray) -> np.ndarray:
     """Rows of width d_model as the loader should give them: centred, scaled to RMS 1."""
-    x = vecs_NxD.astype(np.float64) - vecs_NxD.astype(np.float64).mean(0)
+    x = vecs_NxW.astype(np.float64) - vecs_NxW.astype(np.float64).mean(0)
     return x / np.sqrt(np.mean(x**2))
 
 
@@ -133,8 +133,8 @@ def test_pca_matches_sklearn_on_the_found_rows(tmp_path):
     assert "12-d projected to 4 by PCA" in got.summary()
 
 
-def _cosines(x_NxD: np.ndarray) -> np.ndarray:
-    x = x_NxD / np.linalg.norm(x_NxD, axis=1, keepdims=True)
+def _cosines(x_NxX: np.ndarray) -> np.ndarray:
+    x = x_NxX / np.linalg.norm(x_NxX, axis=1, keepdims=True)
     return x @ x.T
 
 
@@ -144,8 +144,8 @@ def _cosines(x_NxD: np.ndarray) -> np.ndarray:
 def test_projection_keeps_the_found_rows_geometry(tmp_path, dim, d_model, projection):
     """Rows in a 3-d subspace keep every pairwise cosine (after centring) through any width."""
     rng = np.random.default_rng(1)
-    basis_3xD = np.linalg.qr(rng.normal(size=(dim, 3)))[0].T
-    vecs = rng.normal(size=(30, 3)) @ basis_3xD + 0.5
+    basis_3xW = np.linalg.qr(rng.normal(size=(dim, 3)))[0].T
+    vecs = rng.normal(size=(30, 3)) @ basis_3xW + 0.5
     words = [f"w{i}" for i in range(30)]
     got = _load(_write(tmp_path, "v.txt", _lines(words, vecs, ".9g")), words, d_model)
     centred = vecs.astype(np.float64) - vecs.astype(np.float64).mean(0)

@@ -116,12 +116,12 @@ def test_drawn_steps_recombine_and_are_the_model_attention(drawn, trained):
     assert drawn["figures"][0][0].tokens[-2:] == ["<pad>", "<pad>"]
     assert len(drawn["figures"][1][0].tokens) == WINDOW
     # The page shows the first text's steps, the very arrays of its figure, as numbers.
-    (page,) = drawn["pages"]
-    assert page is drawn["figures"][0][0]
+    (shown,) = drawn["pages"]
+    assert shown is drawn["figures"][0][0]
     html = open(os.path.join(drawn["out"], "attention.html"), encoding="utf-8").read()
-    for v in np.concatenate([page.weights_LxL[QUERY][page.allowed_L], page.out_LxK[QUERY]]):
+    for v in np.concatenate([shown.weights_LxL[QUERY][shown.allowed_L], shown.out_LxK[QUERY]]):
         assert f">{v:.2f}</td>" in html
-    assert html.count("<td class='masked'>masked</td>") == 2 * len(page.tokens) + 2
+    assert html.count("<td class='masked'>masked</td>") == 2 * len(shown.tokens) + 2
 
 
 def test_earlier_output_is_replaced_and_a_failed_call_changes_nothing(

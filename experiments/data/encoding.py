@@ -99,7 +99,7 @@ def cut(
             f"data.tail_len must be an integer in [0, {keep}] (max_len less CLS), got {tail_len!r}"
         )
     prefix = np.array([CLS] * add_cls, np.int32)
-    return [np.concatenate([prefix, _cut(ids_N, keep, tail_len)]) for ids_N in raw]
+    return [np.concatenate([prefix, _cut(ids_L, keep, tail_len)]) for ids_L in raw]
 
 
 def bag_cut(raw: Sequence[np.ndarray], data: Any, add_cls: bool) -> list[np.ndarray] | None:
@@ -124,10 +124,10 @@ def bag_window(data: Any, add_cls: bool) -> dict:
     }
 
 
-def _cut(ids_N: np.ndarray, keep: int, tail_len: int) -> np.ndarray:
-    if len(ids_N) <= keep:
-        return ids_N
-    return np.concatenate([ids_N[: keep - tail_len], ids_N[len(ids_N) - tail_len :]])
+def _cut(ids_L: np.ndarray, keep: int, tail_len: int) -> np.ndarray:
+    if len(ids_L) <= keep:
+        return ids_L
+    return np.concatenate([ids_L[: keep - tail_len], ids_L[len(ids_L) - tail_len :]])
 
 
 def check_text(text: str) -> str:

@@ -172,13 +172,13 @@ def load(
             f"{scan.rows:,} (wrong language, or a tokenizer with another vocabulary?)"
         )
 
-    x_NxD = np.stack(chosen)
-    if (x_NxD == x_NxD[0]).all():  # nothing left once centred
+    x_NxW = np.stack(chosen)
+    if (x_NxW == x_NxW[0]).all():  # nothing left once centred
         raise UserError(f"{named}: the {len(chosen):,} vectors the vocabulary found are all equal")
-    rows_NxM, projection, kept = _project(x_NxD, d_model, np.random.default_rng(seed))
-    rms = float(np.sqrt(np.mean(np.square(rows_NxM))))
+    rows_NxD, projection, kept = _project(x_NxW, d_model, np.random.default_rng(seed))
+    rms = float(np.sqrt(np.mean(np.square(rows_NxD))))
     table_VxD = np.array(layers.embed_init(jax.random.key(seed), V, d_model), np.float32)
-    table_VxD[found_V] = rows_NxM * (INIT_STDDEV / rms)
+    table_VxD[found_V] = rows_NxD * (INIT_STDDEV / rms)
 
     token_coverage = None if counts_V is None else float(counts_V[found_V].sum() / text)
     return Loaded(
@@ -198,23 +198,23 @@ def load(
     )
 
 
-def _project(x_NxD: np.ndarray, d_model: int, rng: np.random.Generator):
+def _project(x_NxW: np.ndarray, d_model: int, rng: np.random.Generator):
     """Centred rows brought to d_model dims -> (rows [N, d_model], kind, variance share kept)."""
-    x_NxD = x_NxD.astype(np.float64)
-    x_NxD -= x_NxD.mean(0)
-    dim = x_NxD.shape[1]
+    x_NxW = x_NxW.astype(np.float64)
+    x_NxW -= x_NxW.mean(0)
+    dim = x_NxW.shape[1]
     if dim == d_model:
-        return x_NxD, "none", 1.0
+        return x_NxW, "none", 1.0
     if dim < d_model:
-        q_MxD, _ = np.linalg.qr(rng.standard_normal((d_model, dim)))
-        return x_NxD @ q_MxD.T, "embed", 1.0
-    # Eigenvectors of the D x D scatter matrix: cheap for any N, and all D of them exist even
+        q_DxW, _ = np.linalg.qr(rng.standard_normal((d_model, dim)))
+        return x_NxW @ q_DxW.T, "embed", 1.0
+    # Eigenvectors of the W x W scatter matrix: cheap for any N, and all W of them exist even
     # when fewer than d_model rows were found.
-    var_D, vecs_DxD = np.linalg.eigh(x_NxD.T @ x_NxD)  # ascending
-    top_DxM = vecs_DxD[:, ::-1][:, :d_model]
-    total = var_D.sum()
-    kept = float(var_D[::-1][:d_model].sum() / total) if total > 0 else 1.0
-    return x_NxD @ top_DxM, "pca", kept
+    var_W, vecs_WxW = np.linalg.eigh(x_NxW.T @ x_NxW)  # ascending
+    top_WxD = vecs_WxW[:, ::-1][:, :d_model]
+    total = var_W.sum()
+    kept = float(var_W[::-1][:d_model].sum() / total) if total > 0 else 1.0
+    return x_NxW @ top_WxD, "pca", kept
 
 
 @dataclasses.dataclass

@@ -109,7 +109,7 @@ def faithfulness(workdir: str, split: str = "test", limit: int | None = None) ->
 @functools.partial(jax.jit, static_argnames=("cfg", "methods", "chunk"))
 def _explain(params, tokens_BxL, candidates_BxL, bag, text_B, *, cfg, methods, chunk):
     """Predicted class and probability [B], each method's scores [B, L] and erasure drops
-    (comprehensiveness, sufficiency) [B, K], and with a bag the margin [B] by which each half of
+    (comprehensiveness, sufficiency) [B, Y], and with a bag the margin [B] by which each half of
     the logits alone favours the predicted class. text_B numbers the texts: each gets its own
     random ranking, whatever batch it falls in."""
     c_B, p_B = importance.predicted(params, tokens_BxL, cfg, bag)
@@ -129,7 +129,7 @@ def _explain(params, tokens_BxL, candidates_BxL, bag, text_B, *, cfg, methods, c
     def tile(a_BxX: jax.Array) -> jax.Array:
         return jnp.tile(a_BxX, (tiled, 1))
 
-    comp_MBxK, suff_MBxK = importance.erasure_drops(
+    comp_XxY, suff_XxY = importance.erasure_drops(  # X = len(methods) * B
         params,
         tile(tokens_BxL),
         jnp.concatenate([scores[m] for m in methods]),
@@ -140,7 +140,7 @@ def _explain(params, tokens_BxL, candidates_BxL, bag, text_B, *, cfg, methods, c
     )
     batch = tokens_BxL.shape[0]
     drops = {
-        m: (comp_MBxK[i * batch : (i + 1) * batch], suff_MBxK[i * batch : (i + 1) * batch])
+        m: (comp_XxY[i * batch : (i + 1) * batch], suff_XxY[i * batch : (i + 1) * batch])
         for i, m in enumerate(methods)
     }
     margins = None
@@ -241,13 +241,13 @@ def summarise(per_text: list[dict], methods: tuple[str, ...], labels: np.ndarray
     }
     aopc = {}
     for m in methods:
-        d_NxTxK = np.stack([t["drops"][m] for t in texts])  # T: comprehensiveness, sufficiency
-        aopc[m] = d_NxTxK.mean(-1)
+        d_Nx2xY = np.stack([t["drops"][m] for t in texts])  # 2: comprehensiveness, sufficiency
+        aopc[m] = d_Nx2xY.mean(-1)
         out = {
             "comprehensiveness": [
-                _interval(d_NxTxK[:, 0, k], resample) for k in range(len(PERCENTS))
+                _interval(d_Nx2xY[:, 0, k], resample) for k in range(len(PERCENTS))
             ],
-            "sufficiency": [_interval(d_NxTxK[:, 1, k], resample) for k in range(len(PERCENTS))],
+            "sufficiency": [_interval(d_Nx2xY[:, 1, k], resample) for k in range(len(PERCENTS))],
             "aopc_comprehensiveness": _interval(aopc[m][:, 0], resample),
             "aopc_sufficiency": _interval(aopc[m][:, 1], resample),
         }
@@ -281,9 +281,9 @@ def _halves(texts: list[dict]) -> dict | None:
     }
 
 
-def _interval(v_N: np.ndarray, resample_RxN: np.ndarray) -> dict:
-    means_R = v_N[resample_RxN].mean(1)
-    low, high = np.percentile(means_R, [2.5, 97.5])
+def _interval(v_N: np.ndarray, resample_UxN: np.ndarray) -> dict:
+    means_U = v_N[resample_UxN].mean(1)
+    low, high = np.percentile(means_U, [2.5, 97.5])
     return {"mean": float(v_N.mean()), "low": float(low), "high": float(high)}
 
 

@@ -16,16 +16,16 @@ from attn import classifier, multihead
 def _forward(
     params: Any,
     tokens_BxL: jax.Array,
-    bag_tokens_BxM: jax.Array | None,
+    bag_tokens_BxG: jax.Array | None,
     *,
     cfg: classifier.ModelConfig,
 ):
-    logits_BxC, aux = classifier.apply(params, tokens_BxL, cfg, bag_tokens_BxM=bag_tokens_BxM)
+    logits_BxC, aux = classifier.apply(params, tokens_BxL, cfg, bag_tokens_BxG=bag_tokens_BxG)
     return jax.nn.softmax(logits_BxC), aux
 
 
 def analyse(
-    params: Any, cfg: classifier.ModelConfig, ids_L: np.ndarray, bag_ids_M: np.ndarray | None
+    params: Any, cfg: classifier.ModelConfig, ids_L: np.ndarray, bag_ids_G: np.ndarray | None
 ) -> dict:
     """Probabilities [C], per-layer attention [H, L, L] and the attention each token receives [L]
     of one text's ids [L] (and what its bag reads [M], if the model's bag reads more of it).
@@ -35,8 +35,8 @@ def analyse(
     """
     cfg = dataclasses.replace(cfg, implementation="matrix")
     tokens_1xL = jnp.asarray(ids_L[None, :], jnp.int32)
-    bag_1xM = None if bag_ids_M is None else jnp.asarray(bag_ids_M[None, :], jnp.int32)
-    probs_1xC, aux = _forward(params, tokens_1xL, bag_1xM, cfg=cfg)
+    bag_1xG = None if bag_ids_G is None else jnp.asarray(bag_ids_G[None, :], jnp.int32)
+    probs_1xC, aux = _forward(params, tokens_1xL, bag_1xG, cfg=cfg)
     attention = [np.asarray(w[0], np.float32) for w in aux["attention"]]
     if aux["pool_weights"] is not None:  # structured pooling: what the classifier reads
         received_L = np.asarray(aux["pool_weights"][0], np.float32).mean(0)

@@ -49,7 +49,7 @@ def _cells(values: np.ndarray, allowed: np.ndarray, *, weights: bool, keys: bool
 
 
 def _table(
-    m_RxC: np.ndarray,
+    m_LxX: np.ndarray,
     h: step_plots.Head,
     title: str,
     shape: str,
@@ -60,9 +60,9 @@ def _table(
 ) -> str:
     """One matrix: tokens label the rows; columns are keys or feature indices."""
     esc = [html.escape(t) for t in h.tokens]
-    heads = esc if keys else [str(j) for j in range(m_RxC.shape[1])]
+    heads = esc if keys else [str(j) for j in range(m_LxX.shape[1])]
     rows = ["<tr><th></th>" + "".join(f"<th>{c}</th>" for c in heads) + "</tr>"]
-    for i, row in enumerate(m_RxC):
+    for i, row in enumerate(m_LxX):
         cls = " class='query'" if i == query else ""
         cells = _cells(row, h.allowed_L, weights=weights, keys=keys)
         rows.append(f"<tr{cls}><th>{esc[i]}</th>{cells}</tr>")

@@ -49,12 +49,12 @@ def _scores(params, tokens_1xL, bag, *, cfg: classifier.ModelConfig):
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
-def _probability_without(params, tokens_1xL, top_NxL, bag, c_1, *, cfg: classifier.ModelConfig):
-    """[N]: the probability of class c_1 with each row's top tokens erased."""
-    n = top_NxL.shape[0]
-    tokens_NxL = jnp.repeat(tokens_1xL, n, axis=0)
+def _probability_without(params, tokens_1xL, top_BxL, bag, c_1, *, cfg: classifier.ModelConfig):
+    """[B]: the probability of class c_1 with each row's top tokens erased."""
+    n = top_BxL.shape[0]
+    tokens_BxL = jnp.repeat(tokens_1xL, n, axis=0)
     bag_n = None if bag is None else importance.Bag(*(jnp.repeat(a, n, axis=0) for a in bag))
-    erased, erased_bag = importance.erase(tokens_NxL, ~top_NxL, bag_n, keep_outside=True)
+    erased, erased_bag = importance.erase(tokens_BxL, ~top_BxL, bag_n, keep_outside=True)
     return importance.probabilities(params, erased, cfg, erased_bag)[:, c_1[0]]
 
 
@@ -66,15 +66,15 @@ def explain(trained: serving.Trained, text: str, top: int = 5) -> dict:
     probability with that many top tokens erased}."""
     data = trained.config.data
     ids_L = serving.encode(trained, text)
-    bag_M = serving.encode_bag(trained, text)
+    bag_G = serving.encode_bag(trained, text)
     tokens = trained.tokenizer.tokens(ids_L.tolist())
     # Padded to the batches' lengths, which changes no score: one compile per bucket, not per text.
     tokens_1xL = _padded(ids_L, batching.bucket_sizes(data.buckets, data.max_len), PAD)
     bag = None
-    if bag_M is not None:
+    if bag_G is not None:
         sizes = batching.bag_sizes(data.buckets, data.max_len, data.bag_len)
-        source_M = bag_source(trained, text)
-        bag = importance.Bag(_padded(bag_M, sizes, PAD), _padded(source_M, sizes, -1))
+        source_G = bag_source(trained, text)
+        bag = importance.Bag(_padded(bag_G, sizes, PAD), _padded(source_G, sizes, -1))
     c_1, p_1, attention, loo = _scores(trained.params, tokens_1xL, bag, cfg=trained.cfg)
     candidates_1xL = (tokens_1xL != PAD) & (tokens_1xL != CLS)
     removed = min(REMOVED, int(candidates_1xL.sum()))
@@ -107,11 +107,11 @@ def explain(trained: serving.Trained, text: str, top: int = 5) -> dict:
     }
 
 
-def _padded(x_N: np.ndarray, sizes: tuple[int, ...], fill: int) -> jax.Array:
-    """int32 [1, S]: x_N and `fill` after it, S the first of `sizes` that holds it."""
-    size = next((s for s in sizes if s >= len(x_N)), len(x_N))
+def _padded(x_G: np.ndarray, sizes: tuple[int, ...], fill: int) -> jax.Array:
+    """int32 [1, X]: x_G and `fill` after it, X the first of `sizes` that holds it."""
+    size = next((s for s in sizes if s >= len(x_G)), len(x_G))
     out = np.full((1, size), fill, np.int32)
-    out[0, : len(x_N)] = x_N
+    out[0, : len(x_G)] = x_G
     return jnp.asarray(out)
 
 

@@ -69,7 +69,7 @@ def score_titles(score: str, d_head: int) -> tuple[str, str]:
 
 def _matrix(
     ax: Axes,
-    m_RxC: np.ndarray,
+    m_LxX: np.ndarray,
     h: Head,
     title: str,
     shape: str,
@@ -82,14 +82,14 @@ def _matrix(
 ) -> None:
     """One panel: tokens label the rows; columns are keys (tokens) or feature indices. Weights
     are shaded from 0 with masked keys grey; other values red above 0 and blue below."""
-    rows, cols = m_RxC.shape
+    rows, cols = m_LxX.shape
     if weights:
         cmap = matplotlib.colormaps["Oranges"].with_extremes(bad=MASKED_COLOR)
-        shown = np.ma.masked_array(m_RxC, np.broadcast_to(~h.allowed_L, m_RxC.shape))
-        im = ax.imshow(shown, cmap=cmap, vmin=0.0, vmax=float(m_RxC.max()) or 1.0, aspect="auto")
+        shown = np.ma.masked_array(m_LxX, np.broadcast_to(~h.allowed_L, m_LxX.shape))
+        im = ax.imshow(shown, cmap=cmap, vmin=0.0, vmax=float(m_LxX.max()) or 1.0, aspect="auto")
     else:
-        bound = float(np.abs(m_RxC).max()) or 1.0
-        im = ax.imshow(m_RxC, cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto")
+        bound = float(np.abs(m_LxX).max()) or 1.0
+        im = ax.imshow(m_LxX, cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto")
     plots.token_ticks(ax, "y", h.tokens)
     if keys_on_columns:
         plots.token_ticks(ax, "x", h.tokens)
@@ -111,8 +111,8 @@ def _matrix(
             for j in range(cols):
                 if weights and not h.allowed_L[j]:
                     continue
-                v = m_RxC[i, j]
-                dark = abs(v) > 0.6 * float(np.abs(m_RxC).max())
+                v = m_LxX[i, j]
+                dark = abs(v) > 0.6 * float(np.abs(m_LxX).max())
                 color = "white" if dark else "black"
                 ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6.5, color=color)
     ax.set_title(title, fontsize=9)

@@ -28,8 +28,8 @@ def naive_bayes(cfg: classifier.ModelConfig, train: encoding.Split, data: Any) -
         bag_ids=train.bag_ids,
         bag_len=data.bag_len,
     ):
-        read_BxM = b.get("bag_tokens", b["tokens"])
-        counts_VxC = _add_counts(counts_VxC, read_BxM, b["label"], b["weight"], cfg=cfg)
+        read_BxG = b.get("bag_tokens", b["tokens"])
+        counts_VxC = _add_counts(counts_VxC, read_BxG, b["label"], b["weight"], cfg=cfg)
     return bag.naive_bayes_table(counts_VxC)
 
 

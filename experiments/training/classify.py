@@ -32,14 +32,14 @@ from experiments.training import (
 )
 
 
-def loss_options(optim: ml_collections.ConfigDict) -> dict:
-    """The keyword arguments of `train_step` that config.optim sets."""
+def loss_options(o: ml_collections.ConfigDict) -> dict:
+    """The keyword arguments of `train_step` that config.optim `o` sets."""
     return {
-        "label_smoothing": optim.label_smoothing,
-        "penalty_weight": optim.penalty_weight,
-        "ema_decay": optim.ema_decay,
-        "adversarial_eps": optim.adversarial_eps,
-        "adversarial_relative": optim.adversarial_relative,
+        "label_smoothing": o.label_smoothing,
+        "penalty_weight": o.penalty_weight,
+        "ema_decay": o.ema_decay,
+        "adversarial_eps": o.adversarial_eps,
+        "adversarial_relative": o.adversarial_relative,
     }
 
 
@@ -62,7 +62,7 @@ def loss_and_metrics(
         train=train,
         rng=rng,
         embed_delta_BxLxD=embed_delta_BxLxD,
-        bag_tokens_BxM=batch.get("bag_tokens"),
+        bag_tokens_BxG=batch.get("bag_tokens"),
     )
     onehot_BxC = jax.nn.one_hot(batch["label"], cfg.num_classes)
     if label_smoothing:

@@ -74,10 +74,10 @@ def _loss(params, tokens_BxL, key, cfg, rate, predicted, *, train: bool, rng):
     )
     model = encoder_params(params)
     h_BxLxD, _ = classifier.encode(model, corrupted_BxL, cfg, train=train, rng=rng)
-    logits_BxMxV = masked_lm.head_logits(
+    logits_BxPxV = masked_lm.head_logits(
         params[HEAD], model["embed"]["tokens"][:predicted], h_BxLxD, targets["positions"]
     )
-    return masked_lm.loss(logits_BxMxV, targets)
+    return masked_lm.loss(logits_BxPxV, targets)
 
 
 def train_step(
