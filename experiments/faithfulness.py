@@ -2,23 +2,11 @@
 
   python -m experiments.faithfulness --workdir=runs/default [--split=test] [--limit=N]
 
-Every text of the split (N drawn at random with --limit) is explained five ways
-(`attn.importance`): attention (what `visualize` shades and `predict` lists), attention rollout,
-gradient × input, leave-one-out and random, the control. For each ranking: comprehensiveness,
-the drop of the predicted class's probability when its top k% of the text's tokens are erased
-(PAD, so the n-grams and the bag lose them too), and sufficiency, the drop when only they are
-kept (DeYoung et al. 2020), at k = 1, 2, 5, 10, 20% (at least one token); AOPC, their mean over
-k; and the Spearman and Kendall correlation of its token scores with leave-one-out's in each
-text. Each is a mean over texts with a 95% bootstrap interval (1,000 resamples of the texts),
-and AOPC differences between methods are bootstrapped in pairs. For a model with a bag of
-n-grams, also how often each half of its logits (encoder, bag) alone gives the prediction.
-
-Writes DIR/faithfulness.json and DIR/faithfulness.png (probability drop against k, one line per
-method) and prints the table as markdown rows: the faithfulness table of benchmarks/REPORT.md.
-Leave-one-out runs the model once per token, so the cost grows with the square of the length:
-a few minutes for the embedded data's 1,726 test reviews (median 45 tokens) on 2 CPU cores,
-but about 2 CPU seconds per 512-token text, hours for all of IMDB's test reviews: take a
---limit there.
+Explains every text of the split (N drawn at random with --limit) five ways and measures how
+much the prediction rests on what each ranking puts first (`experiments.explain.faithfulness`
+says how). Writes DIR/faithfulness.json and DIR/faithfulness.png and prints the table as
+markdown rows. Leave-one-out runs the model once per token: a few minutes for the embedded
+data's test split on 2 CPU cores, hours for all of IMDB's test reviews: take a --limit there.
 """
 
 import os
