@@ -7,7 +7,8 @@ masks and implementations. `attn.Attention(score=..., implementation=...)` binds
 arguments in a form `jax.jit` and Flax can hold. Submodules: scores, masks, chunked, batched,
 reference, bag, multihead, encoder, positions, pooling, layers, classifier, masked_lm (masked-token
 pretraining), importance (token importance and erasure), bert (BERT-family encoders and their
-Hugging Face checkpoints; reading one needs safetensors), and flax_interop (import it explicitly;
+Hugging Face checkpoints; reading one needs safetensors), bert_classifier (a classifier over
+one, to fine-tune), and flax_interop (import it explicitly;
 it pulls in Flax).
 """
 
@@ -15,6 +16,7 @@ from attn import (
     bag,
     batched,
     bert,
+    bert_classifier,
     chunked,
     classifier,
     encoder,
@@ -39,6 +41,7 @@ __all__ = [
     "bag",
     "batched",
     "bert",
+    "bert_classifier",
     "chunked",
     "classifier",
     "dot_product_attention",
