@@ -7,7 +7,8 @@ masks and implementations. `attn.Attention(score=..., implementation=...)` binds
 arguments in a form `jax.jit` and Flax can hold. Submodules: scores, masks, chunked, batched,
 reference, bag, multihead, encoder, positions, pooling, layers, classifier, masked_lm (masked-token
 pretraining), importance (token importance and erasure), bert (BERT-family encoders and their
-Hugging Face checkpoints; reading one needs safetensors), and flax_interop (import it explicitly;
+Hugging Face checkpoints; reading one needs safetensors), bert_classifier (a classifier over
+one, to fine-tune), and flax_interop (import it explicitly;
 it pulls in Flax).
 
 Names carry their shapes: ``q_LxK`` is [L, K], with einsum subscripts to match. One meaning per
@@ -50,6 +51,7 @@ from attn import (
     bag,
     batched,
     bert,
+    bert_classifier,
     chunked,
     classifier,
     encoder,
@@ -74,6 +76,7 @@ __all__ = [
     "bag",
     "batched",
     "bert",
+    "bert_classifier",
     "chunked",
     "classifier",
     "dot_product_attention",

@@ -289,10 +289,11 @@ def _block(
     cfg: Config,
     attend: multihead.Attend,
     train: bool,
-) -> jax.Array:
-    """One post-LayerNorm block on one sequence [L, D]."""
+) -> tuple[jax.Array, jax.Array | None]:
+    """One post-LayerNorm block on one sequence [L, D] -> (output [L, D], the attention weights
+    [H, L, L] before dropout, or None when the implementation does not form them)."""
     r_w, r_att, r_ff = jax.random.split(rng, 3) if rng is not None else (None, None, None)
-    a_LxD, _ = multihead.apply(
+    a_LxD, w_HxLxL = multihead.apply(
         p["mha"],
         x_LxD,
         mask_L,
@@ -305,7 +306,7 @@ def _block(
     x_LxD = layers.layer_norm(p["ln_att"], x_LxD + a_LxD, cfg.layer_norm_eps)
     h_LxF = jax.nn.gelu(layers.dense(p["ff1"], x_LxD), approximate=False)
     f_LxD = layers.dropout(layers.dense(p["ff2"], h_LxF), cfg.dropout, train=train, rng=r_ff)
-    return layers.layer_norm(p["ln_ff"], x_LxD + f_LxD, cfg.layer_norm_eps)
+    return layers.layer_norm(p["ln_ff"], x_LxD + f_LxD, cfg.layer_norm_eps), w_HxLxL
 
 
 def encode(
@@ -318,9 +319,12 @@ def encode(
     attend: multihead.Attend = attention,
     train: bool = False,
     rng: jax.Array | None = None,
-) -> jax.Array:
+    return_weights: bool = False,
+) -> jax.Array | tuple[jax.Array, list]:
     """Token ids [B, L], mask [B, L] (True or 1 = real token) and token types [B, L] (default 0)
-    -> the last hidden states [B, L, D] in cfg.dtype.
+    -> the last hidden states [B, L, D] in cfg.dtype; with return_weights, (those states, each
+    layer's attention weights [B, H, L, L] float32 before dropout, or None per layer when the
+    implementation does not form them).
 
     attend: the attention each head runs (`attn.multihead.apply`'s): ``attn.attention`` by
     default; e.g. ``attn.Attention(implementation="chunked")`` for memory linear in L.
@@ -335,6 +339,7 @@ def encode(
     mask_BxL = jnp.asarray(mask_BxL).astype(bool)
     block = functools.partial(_block, cfg=cfg, attend=attend, train=train)
     batch = x_BxLxD.shape[0]
+    weights = []
     for i in range(cfg.num_layers):
         # One key per example and layer, so examples get independent dropout masks.
         r_B = (
@@ -342,10 +347,11 @@ def encode(
             if r_layers is not None
             else None
         )
-        x_BxLxD = jax.vmap(block, in_axes=(None, 0, 0, None if r_B is None else 0))(
+        x_BxLxD, w_BxHxLxL = jax.vmap(block, in_axes=(None, 0, 0, None if r_B is None else 0))(
             params[f"layer_{i}"], x_BxLxD, mask_BxL, r_B
         )
-    return x_BxLxD
+        weights.append(w_BxHxLxL)
+    return (x_BxLxD, weights) if return_weights else x_BxLxD
 
 
 def pool(params: dict, h_BxLxD: jax.Array) -> jax.Array:

@@ -70,10 +70,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.dtype = "float32"
     config.model.init_from = ""  # a workdir whose encoder and tokenizer the run starts from
     config.model.embeddings_from = ""  # a word-vector file the token embeddings start from
+    config.model.pretrained = ""  # a BERT-family checkpoint directory to fine-tune (finetune.py)
 
     config.optim = ml_collections.ConfigDict()
     config.optim.learning_rate = 5e-3  # tuned on validation: 1e-3 < 2e-3 < 5e-3
     config.optim.warmup_steps = 100
+    config.optim.schedule = "cosine"  # after the warmup: cosine or linear decay
+    config.optim.layer_decay = 1.0  # a pretrained encoder's layer-wise learning-rate decay
     config.optim.weight_decay = 0.1  # tuned on validation: 0.01 < 0.1 ~ 0.3
     config.optim.clip_norm = 1.0
     config.optim.label_smoothing = 0.0

@@ -82,7 +82,8 @@ FIELDS: dict[str, Field] = {
         resume=MAY_CHANGE,
     ),
     "data.tokenizer": Field(
-        "char, word or byte; auto = chosen from the data (csv.py)",
+        "char, word or byte; auto = chosen from the data (csv.py); pretrained = "
+        "model.pretrained's own (finetune.py)",
         auto="auto",
     ),
     "data.lowercase": Field(
@@ -209,6 +210,13 @@ FIELDS: dict[str, Field] = {
         "empty = random",
         before="",
     ),
+    "model.pretrained": Field(
+        "fine-tune this Hugging Face BERT-family model directory (config.json, "
+        "model.safetensors, tokenizer.json or vocab.txt) with a linear head, using "
+        "model.pooling (cls or mean), dropout (the head's) and implementation; its own sizes "
+        "replace the other model fields; empty = attn's own classifier",
+        before="",
+    ),
     "model.embeddings_from": Field(
         "start the token embeddings from this word-vector file (word2vec, GloVe or fastText text "
         "format, .gz too); empty = random",
@@ -224,6 +232,18 @@ FIELDS: dict[str, Field] = {
             lambda v: v >= -1 and float(v).is_integer(), "an integer >= 0 (or -1: from the data)"
         ),
         auto=-1,
+    ),
+    "optim.schedule": Field(
+        "learning-rate decay after the warmup: cosine (to 1% of the peak) or linear (to 0)",
+        check=one_of("cosine", "linear"),
+        before="cosine",
+    ),
+    "optim.layer_decay": Field(
+        "layer-wise learning-rate decay of a pretrained encoder: the head gets the rate, the "
+        "top layer the rate times this, each layer below once more, the embeddings last; "
+        "1 = off",
+        check=number(lambda v: 0 < v <= 1, "in (0, 1] (1 = off)"),
+        before=1.0,
     ),
     "optim.weight_decay": Field(
         "AdamW decoupled weight decay",
@@ -393,7 +413,42 @@ def check(config: ml_collections.ConfigDict) -> None:
         raise UserError("optim.bag_init=naive_bayes needs a bag: set model.bag_buckets > 0")
     if config.data.bag_len and not config.model.bag_buckets:
         raise UserError("data.bag_len > 0 needs a bag: set model.bag_buckets > 0")
+    if config.model.pretrained:
+        check_pretrained(config)
+        return
+    if config.optim.layer_decay != 1:
+        raise UserError("optim.layer_decay needs a pretrained encoder: set model.pretrained")
     check_model(config)
+
+
+# What fine-tuning a pretrained encoder (model.pretrained) does not have: field -> its off value.
+PRETRAINED_OFF = {
+    "model.ngram_buckets": 0,
+    "model.bag_buckets": 0,
+    "optim.adversarial_eps": 0.0,
+    "model.init_from": "",
+    "model.embeddings_from": "",
+    "pretrain.num_epochs": 0,
+    "pretrain.max_steps": 0,
+}
+
+
+def check_pretrained(config: ml_collections.ConfigDict) -> None:
+    """model.pretrained's settings: every field it cannot honour is named, in one line."""
+    faults = [
+        f"{name}={_get(config, name)!r} (set {off!r})"
+        for name, off in PRETRAINED_OFF.items()
+        if _get(config, name) != off
+    ]
+    if config.model.pooling not in ("cls", "mean"):
+        faults.append(f"model.pooling={config.model.pooling!r} (cls or mean)")
+    if config.data.tokenizer != "pretrained":
+        faults.append(f"data.tokenizer={config.data.tokenizer!r} (set 'pretrained')")
+    if faults:
+        raise UserError(
+            "model.pretrained fine-tunes a BERT-family encoder, which does not support "
+            f"{'; '.join(faults)}: start from configs/finetune.py"
+        )
 
 
 def model_config(

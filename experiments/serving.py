@@ -11,9 +11,10 @@ import jax
 import ml_collections
 import numpy as np
 
-from attn import classifier
+from attn import bert, bert_classifier, classifier
 from experiments import workdirs
 from experiments.data import encoding, tokenizers
+from experiments.data.tokenizers import CLS
 from experiments.errors import UserError
 from experiments.training import checkpoints
 
@@ -25,7 +26,7 @@ KEY = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)
 @dataclasses.dataclass(frozen=True)
 class Trained:
     config: ml_collections.ConfigDict
-    cfg: classifier.ModelConfig
+    cfg: classifier.ModelConfig | bert_classifier.Config  # which: meta["family"]
     params: Any  # the weight average when the run kept one
     tokenizer: tokenizers.Tokenizer
     label_names: tuple[str, ...]
@@ -59,17 +60,31 @@ def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
             )
         cfg = model_config(meta, f"checkpoint {step} in {workdir!r}")
         tok = tokenizers.load_tokenizer(workdir)
-        if tok.vocab_size != cfg.vocab_size:
+        fine_tuned = isinstance(cfg, bert_classifier.Config)
+        rows = cfg.encoder.vocab_size if fine_tuned else cfg.vocab_size
+        if tok.vocab_size > rows or (tok.vocab_size != rows and not fine_tuned):
             raise UserError(
                 f"vocabulary in {workdir!r} has {tok.vocab_size} ids but the checkpoint expects "
-                f"{cfg.vocab_size}; the workdir is inconsistent"
+                f"{rows}; the workdir is inconsistent"
             )
         # Only the weights to serve: the weight average when the run kept one.
         served = "ema" if meta.get("ema", False) else "params"
-        target = {served: jax.eval_shape(lambda key: classifier.init(key, cfg), KEY)}
+        init = bert_classifier.init if fine_tuned else classifier.init
+        target = {served: jax.eval_shape(lambda key: init(key, cfg), KEY)}
         state, _ = checkpoints.restore(mngr, step, target, partial=True)
     source = _describe(workdir, which, step, meta)
     return Trained(config, cfg, state[served], tok, tuple(meta["label_names"]), step, source)
+
+
+def refuse_fine_tuned(trained: Trained, what: str) -> None:
+    """UserError in one line when `trained` is a fine-tuned pretrained encoder, which `what`
+    (visualize, faithfulness, predict --explain) does not serve."""
+    if isinstance(trained.cfg, bert_classifier.Config):
+        raise UserError(
+            f"{what} is not available for a fine-tuned pretrained encoder (model.pretrained): it "
+            "needs attn.classifier's step-by-step attention and token erasure; predict and "
+            "evaluate serve it"
+        )
 
 
 def _describe(workdir: str, which: str, step: int, meta: dict) -> str:
@@ -124,12 +139,16 @@ def reading(trained: Trained, text: str, ids_L: np.ndarray) -> Reading:
     """`ids_L` is `encode(trained, text)`. A note says what was read of a text cut to max_len,
     and that most (or all) of what was read is outside the vocabulary: an answer resting on
     few tokens, or on none."""
-    tokens = trained.tokenizer.tokens(ids_L.tolist())
+    tok = trained.tokenizer
+    tokens = tok.tokens(ids_L.tolist())
     # PAD, UNK and CLS say nothing about the text, and neither do spaces between unknown words.
+    special = getattr(tok, "special_ids", frozenset((tokenizers.PAD, tokenizers.UNK, CLS)))
+    unk = getattr(tok, "unk_id", tokenizers.UNK)
     known = sum(
-        int(i) > tokenizers.CLS and bool(t.strip()) for i, t in zip(ids_L, tokens, strict=True)
+        int(i) not in special and int(i) > tokenizers.PAD and bool(t.strip())
+        for i, t in zip(ids_L, tokens, strict=True)
     )
-    unknown = int(np.sum(ids_L == tokenizers.UNK))
+    unknown = int(np.sum(ids_L == unk))
     notes = []
     if not known:
         notes.append(NO_KNOWN_TOKENS)
@@ -139,11 +158,15 @@ def reading(trained: Trained, text: str, ids_L: np.ndarray) -> Reading:
             f"vocabulary, so the answer rests on the other {known}"
         )
     whole = len(trained.tokenizer.encode(encoding.check_text(text)))
+    frame = encoding.frame_of(tok)
     add_cls = trained.cfg.pooling == "cls"
+    specials = int(add_cls) if frame is None else sum(map(len, frame))  # CLS, or [CLS] [SEP]
     data = trained.config.data
-    if whole > trained.cfg.max_len - add_cls:
-        note = f"read {_part_read(trained.cfg.max_len - add_cls, data.tail_len)} of {whole} tokens"
-        if trained.cfg.bag_buckets and data.bag_len:  # the bag reads more than attention does
+    if whole > trained.cfg.max_len - specials:
+        note = f"read {_part_read(trained.cfg.max_len - specials, data.tail_len)} of {whole} tokens"
+        if (
+            getattr(trained.cfg, "bag_buckets", 0) and data.bag_len
+        ):  # the bag reads more than attention does
             bag = encoding.bag_window(data, add_cls)
             bag_keep = bag["max_len"] - add_cls
             bag_read = "all" if whole <= bag_keep else _part_read(bag_keep, bag["tail_len"])
@@ -160,10 +183,14 @@ def _part_read(keep: int, tail_len: int) -> str:
     return f"the first {head} and last {tail_len}" if head else f"the last {tail_len}"
 
 
-def model_config(meta: dict, where: str) -> classifier.ModelConfig:
-    """The model config a checkpoint's meta records; UserError (naming `where`) if unusable."""
+def model_config(meta: dict, where: str) -> classifier.ModelConfig | bert_classifier.Config:
+    """The model config a checkpoint's meta records (of its family); UserError (naming `where`)
+    if unusable."""
     try:
         model = meta["model"]
+        if meta.get("family") == checkpoints.BERT:
+            encoder = bert.Config(**model["encoder"])
+            return bert_classifier.Config(**{**model, "encoder": encoder})
         return classifier.ModelConfig(
             **{**model, "ngram_orders": tuple(model.get("ngram_orders", ()))}
         )

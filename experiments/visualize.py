@@ -57,6 +57,7 @@ def visualize(
     to `pad_to` tokens when that is longer (padding is what masked keys look like).
     """
     trained = serving.load(workdir)
+    serving.refuse_fine_tuned(trained, "visualize")
     cfg = trained.cfg
     _check_choice(cfg, layer=layer, head=head, window=window, pad_to=pad_to, max_tokens=max_tokens)
     _check_out(out)

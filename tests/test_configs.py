@@ -15,6 +15,7 @@ VARIANTS = {
     "imdb": (None, "tiny", "pretrained"),
     "sst2": (None, "tiny"),
     "lra_text": (None, "4k", "tiny"),
+    "finetune": (None, "tiny", "imdb", "sst2"),
 }
 
 
@@ -31,6 +32,9 @@ def test_variants_load_and_make_a_valid_model(name, tmp_path):
     make_aclimdb(tmp_path / "aclImdb")
     for arg in VARIANTS[name]:
         config = module.get_config(arg)
+        if config.data.tokenizer == "pretrained":  # finetune.py: the checkpoint's tokenizer
+            with config.unlocked():
+                config.model.pretrained = str(ROOT / "tests" / "data" / "bert" / "tiny_bert")
         if fields.left_to_data(config):  # csv.py and imdb.py leave some fields to the data
             with config.unlocked():
                 imdb = config.data.dataset == "imdb_reviews"

@@ -74,7 +74,7 @@ def test_values_out_of_range_are_named(name, value, fragment):
 
 
 def test_the_model_fields_that_are_not_the_model_are_read_from_the_table():
-    assert fields.run_fields() == ("init_from", "embeddings_from")
+    assert fields.run_fields() == ("init_from", "pretrained", "embeddings_from")
     cfg = fields.model_config(default.get_config(), vocab_size=10, num_classes=2)
     assert not hasattr(cfg, "init_from") and cfg.d_model == default.get_config().model.d_model
 

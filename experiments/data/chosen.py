@@ -7,7 +7,8 @@ English essays.
 in `config.json`; a field set to anything else is kept as given. The rules:
 
 - tokenizer: `char` when more than 30% of the non-space characters are CJK, else `word`.
-- max_len: the 95th percentile of the training texts' lengths in those tokens, rounded up to a
+- max_len: the 95th percentile of the training texts' lengths in those tokens (a checkpoint's
+  own, [CLS] and [SEP] included, for data.tokenizer=pretrained), rounded up to a
   multiple of 32 and kept in [32, 512], or [32, 256] when a bag whose length is also left to the
   data reads the rest of a longer text (attention costs a row of L scores per token, the bag a
   lookup); buckets at 1/4, 1/2, 3/4 and all of it.
@@ -16,7 +17,8 @@ in `config.json`; a field set to anything else is kept as given. The rules:
 - bag_len (with a bag): the 99th percentile of the lengths, rounded up to max_len times a power of
   two, at most 8 max_len; 0 (the attention's tokens) when that is max_len. The bag reads a token
   for a few operations, attention for a row of the L x L scores, so it can read far more.
-- num_epochs: about 40,000 examples seen (3 epochs of the embedded data's 13,875), 2 to 10 epochs.
+- num_epochs: about 40,000 examples seen (3 epochs of the embedded data's 13,875), 2 to 10 epochs;
+  fine-tuning a pretrained encoder (model.pretrained): about 30,000, 2 to 4 epochs.
 - warmup_steps: 7.5% of the steps; eval_every_steps: 1/13 of them; checkpoints twice as far apart.
 """
 
@@ -28,7 +30,7 @@ import ml_collections
 import numpy as np
 
 from experiments import fields
-from experiments.data import batching, datasets, tokenizers
+from experiments.data import batching, checkpoint_tokenizer, datasets, tokenizers
 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
 _SAMPLE = 5000  # texts looked at for the script and the lengths: enough for a 95th percentile
@@ -58,8 +60,7 @@ def choose(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDict
         d.tokenizer = "char" if share > 0.3 else "word"
         said.append(f"tokenizer={d.tokenizer} ({share:.0%} of characters CJK)")
     if auto & {"data.max_len", "data.bag_len"}:
-        split = list if d.tokenizer == "char" else tokenizers.split_words
-        lengths = [len(split(s.strip())) for s in sample]
+        lengths = _lengths(out, sample)
     if "data.max_len" in auto:
         p95 = float(np.percentile(lengths, 95))
         # Attention pays a row of L scores per token; with a bag to read the rest, it reads less.
@@ -74,7 +75,10 @@ def choose(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDict
     if "data.bag_len" in auto:
         d.bag_len = bag_len(lengths, d.max_len) if out.model.bag_buckets else 0
         said.append(f"bag_len={d.bag_len}")
-    if "train.num_epochs" in auto:
+    if "train.num_epochs" in auto and out.model.get("pretrained"):
+        out.train.num_epochs = int(min(max(round(30_000 / max(len(texts), 1)), 2), 4))
+        said.append(f"num_epochs={out.train.num_epochs} ({len(texts):,} training texts)")
+    elif "train.num_epochs" in auto:
         out.train.num_epochs = int(min(max(round(40_000 / max(len(texts), 1)), 2), 10))
         said.append(f"num_epochs={out.train.num_epochs} ({len(texts):,} training texts)")
     if auto & {"optim.warmup_steps", "train.eval_every_steps", "train.checkpoint_every_steps"}:
@@ -91,6 +95,18 @@ def choose(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDict
             said.append(f"checkpoint_every_steps={t.checkpoint_every_steps}")
     out.lock()
     return out, f"chosen from the data: {', '.join(said)}"
+
+
+def _lengths(config: ml_collections.ConfigDict, sample: list[str]) -> list[int]:
+    """Each text's length in the tokens config.data.tokenizer makes, a checkpoint's [CLS] and
+    [SEP] included."""
+    d = config.data
+    if d.tokenizer == "pretrained":
+        tok = checkpoint_tokenizer.for_config(config)
+        framing = sum(len(part) for part in tok.frame)
+        return [len(tok.encode(s)) + framing for s in sample]
+    split = list if d.tokenizer == "char" else tokenizers.split_words
+    return [len(split(s.strip())) for s in sample]
 
 
 def bag_len(lengths: list[int], max_len: int) -> int:

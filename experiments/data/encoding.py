@@ -66,7 +66,8 @@ def encode_split(
 ) -> Split:
     """Texts and their labels (int32 [N]) encoded as config.data `data` cuts them."""
     raw = [tokenizer.encode(t) for t in texts]
-    ids = cut(raw, max_len=data.max_len, add_cls=add_cls, tail_len=data.tail_len)
+    frame = frame_of(tokenizer)
+    ids = cut(raw, max_len=data.max_len, add_cls=add_cls, tail_len=data.tail_len, frame=frame)
     return Split(texts, ids, labels, bag_cut(raw, data, add_cls))
 
 
@@ -80,26 +81,42 @@ def encode(
 ) -> list[np.ndarray]:
     """Token ids per text, int32 [n <= max_len]; CLS (if any) counts (see `cut`)."""
     raw = [tokenizer.encode(t) for t in texts]
-    return cut(raw, max_len=max_len, add_cls=add_cls, tail_len=tail_len)
+    return cut(raw, max_len=max_len, add_cls=add_cls, tail_len=tail_len, frame=frame_of(tokenizer))
+
+
+def frame_of(tokenizer: tokenizers.Tokenizer) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The ids a tokenizer puts around each text (a checkpoint's [CLS] ... [SEP]); None for
+    attn's own, which `cut` frames with CLS when add_cls."""
+    return getattr(tokenizer, "frame", None)
 
 
 def cut(
-    raw: Sequence[np.ndarray], *, max_len: int, add_cls: bool, tail_len: int = 0
+    raw: Sequence[np.ndarray],
+    *,
+    max_len: int,
+    add_cls: bool,
+    tail_len: int = 0,
+    frame: tuple[Sequence[int], Sequence[int]] | None = None,
 ) -> list[np.ndarray]:
-    """Whole texts' ids -> int32 [n <= max_len] per text, CLS (if any) first and counted.
+    """Whole texts' ids -> int32 [n <= max_len] per text, CLS (if any) first and counted; with
+    `frame` (ids before, ids after: a checkpoint's [CLS] and [SEP]) those instead of CLS.
 
     A longer text keeps its first max_len - tail_len tokens (CLS included) and its last tail_len:
     a review often states its verdict at the end (Sun et al. 2019 keep head and tail on IMDB).
     """
-    if max_len < 1 + add_cls:
-        raise ValueError(f"max_len must be >= {1 + add_cls}, got {max_len}")
-    keep = max_len - add_cls
+    before, after = frame if frame is not None else ([CLS] * add_cls, [])
+    framing = len(before) + len(after)
+    if max_len < 1 + framing:
+        raise ValueError(f"max_len must be >= {1 + framing}, got {max_len}")
+    keep = max_len - framing
     if not (isinstance(tail_len, int) and 0 <= tail_len <= keep):
+        what = "CLS" if frame is None else "the special tokens"
         raise UserError(
-            f"data.tail_len must be an integer in [0, {keep}] (max_len less CLS), got {tail_len!r}"
+            f"data.tail_len must be an integer in [0, {keep}] (max_len less {what}), got "
+            f"{tail_len!r}"
         )
-    prefix = np.array([CLS] * add_cls, np.int32)
-    return [np.concatenate([prefix, _cut(ids_L, keep, tail_len)]) for ids_L in raw]
+    prefix, suffix = np.array(before, np.int32), np.array(after, np.int32)
+    return [np.concatenate([prefix, _cut(ids_L, keep, tail_len), suffix]) for ids_L in raw]
 
 
 def bag_cut(raw: Sequence[np.ndarray], data: Any, add_cls: bool) -> list[np.ndarray] | None:

@@ -135,6 +135,11 @@ def build_tokenizer(
     kind: str, texts: Sequence[str], *, lowercase: bool, min_freq: int, max_vocab: int
 ) -> ByteTokenizer | VocabTokenizer:
     """A tokenizer of `kind`; char/word vocabularies are counted over `texts` (the train split)."""
+    if kind == "pretrained":  # a checkpoint's own: read, not built (`checkpoint_tokenizer`)
+        raise UserError(
+            "data.tokenizer=pretrained reads the tokenizer of model.pretrained, which is empty: "
+            "set --config.model.pretrained=DIR"
+        )
     if kind not in KINDS:
         raise UserError(f"data.tokenizer={kind!r} is unknown; valid: {', '.join(KINDS)}")
     if kind == "byte":
@@ -192,9 +197,18 @@ def saved(directory: str | Path) -> bool:
     return (Path(directory) / "tokenizer.json").is_file()
 
 
-def load_tokenizer(directory: str | Path) -> ByteTokenizer | VocabTokenizer:
-    """The tokenizer `save` wrote into `directory`; UserError if files are missing or corrupt."""
+def load_tokenizer(directory: str | Path) -> Tokenizer:
+    """The tokenizer `save` wrote into `directory` (a checkpoint's own, kind "pretrained", from
+    the copy `checkpoint_tokenizer` saved); UserError if files are missing or corrupt."""
     d = Path(directory)
+    meta = _read_meta(d / "tokenizer.json")
+    if isinstance(meta, dict) and meta.get("kind") == "pretrained":
+        from experiments.data import checkpoint_tokenizer  # a checkpoint's: its own files
+
+        try:
+            return checkpoint_tokenizer.load_saved(d, meta)
+        except (ValueError, KeyError, TypeError, OSError) as e:
+            raise UserError(f"corrupt tokenizer files in {str(d)!r}: {e}") from e
     for name in ("tokenizer.json", "vocab.txt"):
         if not (d / name).is_file():
             raise UserError(f"no {name} in {str(d)!r}: not a saved tokenizer/checkpoint directory")
@@ -218,3 +232,11 @@ def load_tokenizer(directory: str | Path) -> ByteTokenizer | VocabTokenizer:
         )
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise UserError(f"corrupt tokenizer files in {str(d)!r}: {e}") from e
+
+
+def _read_meta(path: Path) -> object:
+    """tokenizer.json's object; None when missing or not JSON (`load_tokenizer` says which)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None

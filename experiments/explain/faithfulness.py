@@ -74,6 +74,7 @@ def faithfulness(workdir: str, split: str = "test", limit: int | None = None) ->
         raise UserError(f"--limit must be at least 1, got {limit}")
     start = time.perf_counter()
     trained = serving.load(workdir)
+    serving.refuse_fine_tuned(trained, "faithfulness")
     cfg, data = trained.cfg, trained.config.data
     add_cls = cfg.pooling == "cls"
     encoded = encoding.load(data, (split,), add_cls=add_cls, tokenizer=trained.tokenizer)

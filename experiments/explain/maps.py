@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from attn import classifier, multihead
+from experiments.training import finetune
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -20,7 +21,8 @@ def _forward(
     *,
     cfg: classifier.ModelConfig,
 ):
-    logits_BxC, aux = classifier.apply(params, tokens_BxL, cfg, bag_tokens_BxG=bag_tokens_BxG)
+    model = finetune.family(cfg)  # attn.classifier, or a fine-tuned attn.bert_classifier
+    logits_BxC, aux = model.apply(params, tokens_BxL, cfg, bag_tokens_BxG=bag_tokens_BxG)
     return jax.nn.softmax(logits_BxC), aux
 
 

@@ -64,6 +64,7 @@ def explain(trained: serving.Trained, text: str, top: int = 5) -> dict:
     number of tokens erased (REMOVED, or all of a shorter text's); "probability": the predicted
     class's; "without_attended" (None without attention) and "without_leave_one_out": the
     probability with that many top tokens erased}."""
+    serving.refuse_fine_tuned(trained, "predict --explain")
     data = trained.config.data
     ids_L = serving.encode(trained, text)
     bag_G = serving.encode_bag(trained, text)

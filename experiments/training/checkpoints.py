@@ -23,27 +23,30 @@ import jax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from attn import classifier
+from attn import bert_classifier, classifier
 from experiments import parallel
 from experiments.errors import UserError
 from experiments.training import metrics
 
 LAST, BEST = "checkpoints", "best"
 CLASSIFIER, MASKED_LM = "classifier", "masked_lm"  # what a run trains: meta["objective"]
+# Which model: meta["family"], absent before the second existed.
+ATTN, BERT = "attn", "bert"  # attn.classifier.ModelConfig; attn.bert_classifier.Config
 
 
 def new_meta(
-    cfg: classifier.ModelConfig,
+    cfg: classifier.ModelConfig | bert_classifier.Config,
     label_names: Sequence[str],
     *,
     ema: bool,
     objective: str = CLASSIFIER,
 ) -> dict:
-    """The meta of a new run: its objective, model config, whether its state holds a weight
-    average ("ema"), its label names; the train loop keeps "step", "best_val_accuracy",
+    """The meta of a new run: its objective, model family and config, whether its state holds a
+    weight average ("ema"), its label names; the train loop keeps "step", "best_val_accuracy",
     "best_val_loss" (None before any) and its early-stopping count up to date."""
     return {
         "objective": objective,
+        "family": BERT if isinstance(cfg, bert_classifier.Config) else ATTN,
         "model": dataclasses.asdict(cfg),
         "ema": ema,
         "label_names": list(label_names),
@@ -149,12 +152,18 @@ def resume(mngr: ocp.CheckpointManager, state: Any, meta: dict, workdir: str) ->
 def _run_fields(meta: dict) -> dict:
     """What must match to continue a run, as JSON has it (tuples are lists). A field the
     checkpoint predates takes its default, so adding a model field keeps old runs resumable."""
+    family = meta.get("family", ATTN)
     defaults = {
         f.name: f.default
         for f in dataclasses.fields(classifier.ModelConfig)
-        if f.default is not dataclasses.MISSING
+        if f.default is not dataclasses.MISSING and family == ATTN
     }
     model = {
         k: list(v) if isinstance(v, tuple) else v for k, v in {**defaults, **meta["model"]}.items()
     }
-    return {**model, "ema": meta.get("ema", False), "objective": meta.get("objective", CLASSIFIER)}
+    return {
+        **model,
+        "family": family,
+        "ema": meta.get("ema", False),
+        "objective": meta.get("objective", CLASSIFIER),
+    }

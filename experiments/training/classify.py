@@ -23,6 +23,7 @@ from experiments.training import (
     bag_prior,
     baseline,
     checkpoints,
+    finetune,
     loop,
     masked_tokens,
     metrics,
@@ -54,8 +55,9 @@ def loss_and_metrics(
     rng: jax.Array | None,
     embed_delta_BxLxD: jax.Array | None = None,
 ):
-    """Weighted mean cross-entropy (filler rows weigh 0) plus the pooling penalty."""
-    logits_BxC, aux = classifier.apply(
+    """Weighted mean cross-entropy (filler rows weigh 0) plus the pooling penalty; `cfg`'s type
+    says which model (`finetune.family`)."""
+    logits_BxC, aux = finetune.family(cfg).apply(
         params,
         batch["tokens"],
         cfg,
@@ -222,22 +224,30 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         masked_tokens.pretrain(config, start_from)
     s = setup.start(config, workdir, start_from)
     config, d, o = s.config, s.config.data, s.config.optim
+    pre = finetune.load(config) if finetune.requested(config) else None
+    src_tokenizer = pre.tokenizer if pre else s.src.tokenizer if s.src else None
     data = encoding.load(
-        d,
-        add_cls=config.model.pooling == "cls",
-        workdir=workdir,
-        tokenizer=s.src.tokenizer if s.src else None,
+        d, add_cls=config.model.pooling == "cls", workdir=workdir, tokenizer=src_tokenizer
     )
     train, validation, test = (data.splits[name] for name in SPLITS)
-    cfg = fields.model_config(config, data.tokenizer.vocab_size, len(data.label_names))
+    if pre:
+        cfg = finetune.model_config(config, pre.encoder, len(data.label_names))
+        init_params = finetune.init_params(pre, cfg)
+    else:
+        cfg = fields.model_config(config, data.tokenizer.vocab_size, len(data.label_names))
 
-    def init_params(key: jax.Array, fresh: bool) -> dict:
-        # A resumed run overwrites the starting values: count or read them only for a fresh one.
-        bag_VxC = (
-            bag_prior.naive_bayes(cfg, train, d) if o.bag_init == "naive_bayes" and fresh else None
-        )
-        tokens_VxD = warm_start.word_vectors(config, data.tokenizer, train.ids) if fresh else None
-        return optim.init_params(key, cfg, bag_VxC=bag_VxC, tokens_VxD=tokens_VxD)
+        def init_params(key: jax.Array, fresh: bool) -> dict:
+            # A resumed run overwrites the starting values: count or read them only for a fresh
+            # one.
+            bag_VxC = (
+                bag_prior.naive_bayes(cfg, train, d)
+                if o.bag_init == "naive_bayes" and fresh
+                else None
+            )
+            tokens_VxD = (
+                warm_start.word_vectors(config, data.tokenizer, train.ids) if fresh else None
+            )
+            return optim.init_params(key, cfg, bag_VxC=bag_VxC, tokens_VxD=tokens_VxD)
 
     def split_metrics(state: dict, split: encoding.Split) -> dict:
         return evaluate(
@@ -268,6 +278,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         ),
         evaluate=lambda state: split_metrics(state, validation),
         ema=o.ema_decay > 0,
+        summary=pre.describe() if pre else "",
+        warm=finetune.warm if pre else None,
+        lr_scales=finetune.layer_scales(pre.encoder.num_layers, o.layer_decay) if pre else None,
     )
     best_state = setup.train(s, task, workdir)
     result = split_metrics(best_state, test)

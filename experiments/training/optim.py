@@ -20,31 +20,56 @@ def make_optimizer(
     optim: ml_collections.ConfigDict,
     total_steps: int,
     warm: Callable[[Any], Any] | None = None,
+    lr_scales: Callable[[Any], Any] | None = None,
 ) -> optax.GradientTransformation:
-    """AdamW with warmup + cosine decay, global-norm clipping, skipping of non-finite updates.
+    """AdamW with linear warmup then cosine (or, optim.schedule, linear) decay, global-norm
+    clipping, skipping of non-finite updates.
 
     warm(params) -> a tree of bools marks the parameters a run starts from (a pretrained encoder,
     word vectors): their updates are scaled by optim.warm_lr_scale (0 freezes them), so the
     fresh parameters may learn fast without overwriting what the warm ones bring.
+    lr_scales(params) -> a tree of floats multiplies each parameter's update, weight decay
+    included (layer-wise learning-rate decay).
     """
     warmup = min(optim.warmup_steps, max(total_steps - 1, 0))
-    schedule = optax.warmup_cosine_decay_schedule(
-        init_value=0.0,
-        peak_value=optim.learning_rate,
-        warmup_steps=warmup,
-        decay_steps=max(total_steps, warmup + 1),
-        end_value=optim.learning_rate * 0.01,
-    )
+    schedule = _schedule(optim, warmup, max(total_steps, warmup + 1))
     # Decay matrices only: biases, LayerNorm scales and offsets are vectors.
     decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
     tx = optax.chain(
         optax.clip_by_global_norm(optim.clip_norm),
         optax.adamw(schedule, weight_decay=optim.weight_decay, mask=decay_mask),
     )
+    if lr_scales is not None:
+        tx = optax.chain(tx, _scale_by_tree(lr_scales))
     scale = optim.get("warm_lr_scale", 1.0)
     if warm is not None and scale != 1.0:
         tx = optax.chain(tx, optax.masked(optax.scale(scale), warm))
     return optax.apply_if_finite(tx, max_consecutive_errors=_NEVER)
+
+
+def _schedule(optim: ml_collections.ConfigDict, warmup: int, total: int) -> optax.Schedule:
+    lr = optim.learning_rate
+    if optim.get("schedule", "cosine") == "linear":  # BERT's: to 0 at the last step
+        return optax.join_schedules(
+            [
+                optax.linear_schedule(0.0, lr, warmup),
+                optax.linear_schedule(lr, 0.0, total - warmup),
+            ],
+            [warmup],
+        )
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=lr, warmup_steps=warmup, decay_steps=total, end_value=lr * 0.01
+    )
+
+
+def _scale_by_tree(scales: Callable[[Any], Any]) -> optax.GradientTransformation:
+    """Multiplies each update by its entry of scales(params), a tree of the params' structure."""
+
+    def update(updates, state, params=None):
+        factors = scales(updates)
+        return jax.tree.map(lambda u, f: u * jnp.asarray(f, u.dtype), updates, factors), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
 def init_params(

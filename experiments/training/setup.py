@@ -19,7 +19,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from attn import classifier
+from attn import bert_classifier, classifier
 from experiments import parallel, workdirs
 from experiments.data import batching, chosen, tokenizers
 from experiments.training import loop, optim, warm_start
@@ -51,7 +51,7 @@ def start(config: ml_collections.ConfigDict, workdir: str, start_from: str | Non
 class Task:
     """An objective's part of a run: its model, data, step and validation."""
 
-    cfg: classifier.ModelConfig
+    cfg: classifier.ModelConfig | bert_classifier.Config
     tokenizer: tokenizers.Tokenizer
     train_ids: Sequence[np.ndarray]  # the training texts' ids: the epoch's length, vector counts
     meta: dict  # `checkpoints.new_meta` of the run
@@ -65,6 +65,10 @@ class Task:
     ema: bool = False  # the state keeps a running average of the params
     label: str = ""  # what the accuracy and loss are of, when not the labels
     summary: str = ""  # a line about the data, printed with what was chosen from it
+    # params -> bools: what the run starts from other than at random (optim.warm_lr_scale's);
+    # None: `warm_start.warm_mask`'s
+    warm: Callable[[Any], Any] | None = None
+    lr_scales: Callable[[Any], Any] | None = None  # params -> floats: per-parameter rate factors
 
 
 def total_steps(train: ml_collections.ConfigDict, num_examples: int, batch_size: int) -> int:
@@ -84,7 +88,8 @@ def train(
     config = s.config
     lc = loop_config or config
     steps = total_steps(lc.train, len(task.train_ids), config.data.batch_size)
-    tx = optim.make_optimizer(lc.optim, steps, warm_start.warm_mask(config, s.src))
+    warm = task.warm or warm_start.warm_mask(config, s.src)
+    tx = optim.make_optimizer(lc.optim, steps, warm, task.lr_scales)
     # The old state is dead once the step returns: donating it lets XLA update the params and
     # both Adam moments in place instead of allocating and copying three tables a step.
     step = jax.jit(functools.partial(task.step, cfg=task.cfg, tx=tx), donate_argnums=0)

@@ -81,6 +81,11 @@ def source(workdir: str) -> Source:
         raise UserError(f"{named} holds no checkpoint yet; let its run save one first")
     with checkpoints.reader(workdir, which) as mngr:
         meta = checkpoints.read_meta(mngr, step)
+    if meta.get("family") == checkpoints.BERT:
+        raise UserError(
+            f"{named} fine-tuned a pretrained encoder; start from that checkpoint with "
+            "model.pretrained instead"
+        )
     cfg = serving.model_config(meta, f"{named}, checkpoint {step}")
     tok = tokenizers.load_tokenizer(workdir)
     served = "ema" if meta.get("ema", False) else "params"

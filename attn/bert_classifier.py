@@ -1,0 +1,141 @@
+"""A sentence classifier over a BERT-family encoder (`attn.bert`): encode -> pool -> dropout ->
+linear head, for fine-tuning a pretrained checkpoint.
+
+    h = bert.encode(ids)                      [B, L, D]
+    v = pooler(h) | h[:, 0] | mean(h, real)   [B, D]   pooling "cls" (the pooler when the
+                                                       checkpoint has one) or "mean"
+    logits = W Dropout(v) + b                 [B, C]
+
+Params (plain dicts, float32): {"encoder": `bert.init`'s or `bert.load`'s params,
+"head": {"w": [D, C], "b": [C]}}. Token id 0 is padding (the mask is ids != 0): the
+pretrained tokenizers this serves pad with id 0, as BERT's [PAD] is.
+
+`apply` has `attn.classifier.apply`'s signature and aux, so one train step and evaluation serve
+both models.
+"""
+
+import dataclasses
+import functools
+import numbers
+
+import jax
+import jax.numpy as jnp
+
+from attn import bert, layers, pooling
+from attn.attention import IMPLEMENTATIONS, attention
+
+__all__ = ["PAD", "POOLINGS", "Config", "apply", "attend", "init"]
+
+PAD = 0
+POOLINGS = ("cls", "mean")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The encoder's config and the classifier's own fields; frozen and hashable (a jit static
+    argument)."""
+
+    encoder: bert.Config
+    num_classes: int = 2
+    max_len: int = 512  # tokens per text, [CLS] and [SEP] included
+    pooling: str = "mean"  # "cls" (the pooler when the checkpoint has one, else [CLS]) | "mean"
+    dropout: float = 0.1  # on the pooled vector
+    implementation: str = "matrix"  # attention's: "matrix" | "chunked" | "xla"
+
+    def __post_init__(self):
+        if not isinstance(self.encoder, bert.Config):
+            raise ValueError(f"Config.encoder must be an attn.bert.Config; got {self.encoder!r}")
+        for name, lo in (("num_classes", 2), ("max_len", 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
+                raise ValueError(f"Config.{name} must be an integer >= {lo}; got {v!r}")
+            object.__setattr__(self, name, int(v))
+        last = self.max_len - 1 + self.encoder.position_offset
+        if last >= self.encoder.max_positions:
+            raise ValueError(
+                f"Config.max_len={self.max_len} needs position {last}; the encoder has "
+                f"max_positions={self.encoder.max_positions}"
+            )
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"Config.pooling must be one of {POOLINGS}; got {self.pooling!r}")
+        d = self.dropout
+        if isinstance(d, bool) or not isinstance(d, numbers.Real) or not 0.0 <= d < 1.0:
+            raise ValueError(f"Config.dropout must be a float in [0, 1); got {d!r}")
+        object.__setattr__(self, "dropout", float(d))
+        if self.implementation not in IMPLEMENTATIONS:
+            raise ValueError(
+                f"Config.implementation must be one of {IMPLEMENTATIONS}; got "
+                f"{self.implementation!r}"
+            )
+        if self.implementation != "matrix" and self.encoder.attention_dropout > 0.0:
+            raise ValueError(
+                f"attention dropout needs implementation 'matrix'; with {self.implementation!r} "
+                "set the encoder's attention_dropout to 0"
+            )
+
+
+@functools.lru_cache(maxsize=8)
+def attend(implementation: str):
+    """Each layer's attention: scaled dot products (the checkpoints'), in `implementation`."""
+    return functools.partial(attention, implementation=implementation)
+
+
+def init(key: jax.Array, cfg: Config) -> dict:
+    """Random params: `bert.init`'s encoder and a head ~ N(0, initializer_range²), bias 0 (as
+    ...ForSequenceClassification draws it). Fine-tuning puts a checkpoint's encoder in."""
+    k_enc, k_head = jax.random.split(key)
+    e = cfg.encoder
+    w = e.initializer_range * jax.random.normal(k_head, (e.d_model, cfg.num_classes), jnp.float32)
+    return {
+        "encoder": bert.init(k_enc, e),
+        "head": {"w": w, "b": jnp.zeros((cfg.num_classes,), jnp.float32)},
+    }
+
+
+def apply(
+    params: dict,
+    tokens_BxL: jax.Array,
+    cfg: Config,
+    *,
+    train: bool = False,
+    rng: jax.Array | None = None,
+    embed_delta_BxLxD: jax.Array | None = None,
+    bag_tokens_BxG: jax.Array | None = None,
+) -> tuple[jax.Array, dict]:
+    """Int token ids [B, L] (0 = padding) -> (logits [B, C] float32, aux) with
+    `attn.classifier.apply`'s aux: {"attention": per-layer [B, H, L, L] or None, "pool_weights":
+    None, "penalty": 0}. embed_delta_BxLxD and bag_tokens_BxG exist for that signature: this model
+    has neither an adversarial input nor a bag, and refuses them."""
+    if embed_delta_BxLxD is not None or bag_tokens_BxG is not None:
+        raise ValueError("bert_classifier: no adversarial embedding delta and no bag")
+    if train and rng is None:
+        raise ValueError("bert_classifier: train=True needs an rng key for dropout; got rng=None")
+    tokens_BxL = jnp.asarray(tokens_BxL)
+    mask_BxL = tokens_BxL != PAD
+    r_enc, r_pool = jax.random.split(rng) if train else (None, None)
+    h_BxLxD, weights = bert.encode(
+        params["encoder"],
+        cfg.encoder,
+        tokens_BxL,
+        mask_BxL,
+        attend=attend(cfg.implementation),
+        train=train,
+        rng=r_enc,
+        return_weights=True,
+    )
+    if cfg.pooling == "mean":
+        v_BxD = jax.vmap(pooling.mean_pool)(h_BxLxD, mask_BxL)
+    elif "pooler" in params["encoder"]:
+        v_BxD = bert.pool(params["encoder"], h_BxLxD)
+    else:
+        v_BxD = h_BxLxD[:, 0]
+    v_BxD = layers.dropout(v_BxD.astype(jnp.float32), cfg.dropout, train=train, rng=r_pool)
+    h = params["head"]
+    logits_BxC = v_BxD @ h["w"] + h["b"]
+    no_weights = any(w is None for w in weights)
+    aux = {
+        "attention": None if no_weights else tuple(weights),
+        "pool_weights": None,
+        "penalty": jnp.zeros((), jnp.float32),
+    }
+    return logits_BxC, aux

@@ -1,0 +1,205 @@
+"""A pretrained checkpoint's own tokenizer (data.tokenizer="pretrained"), read with Hugging Face's
+`tokenizers` library: the directory's tokenizer.json, or its WordPiece vocab.txt when it has none
+(lowercased unless its tokenizer_config.json says do_lower_case false).
+
+`encode` gives a text's ids without special tokens; `frame` is what `encoding.cut` puts around
+them, [CLS] ... [SEP] with the checkpoint's ids, so a cut text keeps both. The shipped
+tokenizer.json of many checkpoints pads and truncates to a fixed length by itself; both are
+switched off here (truncation is `encoding.cut`'s head + tail, padding the batches').
+
+Saved into a workdir as a copy of the files it was read from (in checkpoint_tokenizer/) beside
+attn's tokenizer.json, whose kind "pretrained" tells `tokenizers.load_tokenizer` to read them back.
+"""
+
+import json
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from experiments.errors import UserError
+
+KIND = "pretrained"
+SUBDIR = "checkpoint_tokenizer"  # in a workdir: the copied files
+_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+# (cls, sep, pad, unk) token names of the families attn.bert loads, when the files name none.
+_NAMES = (("[CLS]", "[SEP]", "[PAD]", "[UNK]"), ("<s>", "</s>", "<pad>", "<unk>"))
+BATCH_PAD = 0  # the id attn's batches pad with
+
+
+class CheckpointTokenizer:
+    """A checkpoint's tokenizer; `kind`, `lowercase`, `vocab_size`, `encode`, `tokens` and `save`
+    as `tokenizers.Tokenizer` has them, plus `frame`, `decode` and the special ids."""
+
+    kind = KIND
+
+    def __init__(self, directory: str | Path, lowercase: bool = False):
+        self.directory = Path(directory)
+        self.lowercase = bool(lowercase)
+        self._hf, self._files = _read(self.directory)
+        names = _special_names(self.directory)
+        ids = {}
+        for role, candidates in names.items():
+            found = [self._hf.token_to_id(n) for n in candidates]
+            found = [i for i in found if i is not None]
+            if not found:
+                raise UserError(
+                    f"the tokenizer in {str(self.directory)!r} has no {role} token "
+                    f"({' or '.join(candidates)})"
+                )
+            ids[role] = found[0]
+        self.cls_id, self.sep_id, self.pad_id, self.unk_id = (
+            ids["cls"],
+            ids["sep"],
+            ids["pad"],
+            ids["unk"],
+        )
+        if self.pad_id != BATCH_PAD:
+            raise UserError(
+                f"the tokenizer in {str(self.directory)!r} pads with id {self.pad_id}; attn's "
+                f"batches pad with {BATCH_PAD}, so only checkpoints whose padding id is "
+                f"{BATCH_PAD} (BERT's [PAD]) can be fine-tuned"
+            )
+
+    @property
+    def vocab_size(self) -> int:
+        return self._hf.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def frame(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(ids before, ids after) a text: ([CLS], [SEP])."""
+        return (self.cls_id,), (self.sep_id,)
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return frozenset((self.cls_id, self.sep_id, self.pad_id, self.unk_id))
+
+    def encode(self, text: str) -> np.ndarray:
+        text = text.lower() if self.lowercase else text
+        return np.array(self._hf.encode(text, add_special_tokens=False).ids, np.int32)
+
+    def tokens(self, ids: Iterable[int]) -> list[str]:
+        unk = self._hf.id_to_token(self.unk_id)
+        return [self._hf.id_to_token(int(i)) or unk for i in ids]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """The text of `ids`, special tokens left out (the library's own decoding)."""
+        return self._hf.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def save(self, directory: str | Path) -> None:
+        """Copies the files it was read from into DIRECTORY/checkpoint_tokenizer/ and writes
+        DIRECTORY/tokenizer.json saying so."""
+        d = Path(directory)
+        sub = d / SUBDIR
+        sub.mkdir(parents=True, exist_ok=True)
+        for name in self._files:
+            shutil.copyfile(self.directory / name, sub / name)
+        meta = {
+            "format": 1,
+            "kind": KIND,
+            "lowercase": self.lowercase,
+            "vocab_size": self.vocab_size,
+            "directory": SUBDIR,
+            "special_ids": {
+                "cls": self.cls_id,
+                "sep": self.sep_id,
+                "pad": self.pad_id,
+                "unk": self.unk_id,
+            },
+        }
+        (d / "tokenizer.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+
+
+def for_config(config: Any) -> CheckpointTokenizer:
+    """model.pretrained's tokenizer, lowercasing first as data.lowercase asks."""
+    directory = config.model.get("pretrained")
+    if not directory:
+        raise UserError(
+            "data.tokenizer=pretrained reads the tokenizer of model.pretrained, which is empty: "
+            "set --config.model.pretrained=DIR"
+        )
+    if not Path(directory).is_dir():
+        raise UserError(
+            f"model.pretrained={directory!r} is not a directory: pass a Hugging Face model "
+            "directory (config.json, model.safetensors, tokenizer.json or vocab.txt)"
+        )
+    if not (Path(directory) / "config.json").is_file():
+        raise UserError(
+            f"model.pretrained={directory!r} has no config.json: not a Hugging Face model directory"
+        )
+    return CheckpointTokenizer(directory, config.data.lowercase)
+
+
+def load_saved(directory: str | Path, meta: dict) -> CheckpointTokenizer:
+    """What `CheckpointTokenizer.save` wrote into `directory` (meta: its tokenizer.json)."""
+    tok = CheckpointTokenizer(Path(directory) / meta["directory"], meta.get("lowercase", False))
+    if tok.vocab_size != meta["vocab_size"]:
+        raise UserError(
+            f"the tokenizer in {str(directory)!r} has {tok.vocab_size} ids, its tokenizer.json "
+            f"says {meta['vocab_size']}"
+        )
+    return tok
+
+
+def _read(directory: Path):
+    """(the library's tokenizer, padding and truncation off; the files it came from)."""
+    try:
+        import tokenizers as hf
+    except ImportError:
+        raise UserError(
+            "a checkpoint's tokenizer needs Hugging Face's tokenizers: pip install tokenizers"
+        ) from None
+    extra = [n for n in _FILES[2:] if (directory / n).is_file()]
+    if (directory / "tokenizer.json").is_file():
+        try:
+            tok = hf.Tokenizer.from_file(str(directory / "tokenizer.json"))
+        except Exception as e:  # noqa: BLE001 (the library raises its own types)
+            raise UserError(f"cannot read {directory / 'tokenizer.json'}: {e}") from None
+        files = ["tokenizer.json", *extra]
+    elif (directory / "vocab.txt").is_file():
+        lower = _config(directory).get("do_lower_case", True)
+        tok = hf.implementations.BertWordPieceTokenizer(
+            str(directory / "vocab.txt"), lowercase=bool(lower)
+        )
+        files = ["vocab.txt", *extra]
+    else:
+        raise UserError(
+            f"{str(directory)!r} has no tokenizer.json or vocab.txt: the checkpoint's tokenizer "
+            "is needed to fine-tune it"
+        )
+    tok.no_padding()
+    tok.no_truncation()
+    return tok, files
+
+
+def _config(directory: Path) -> dict:
+    path = directory / "tokenizer_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {path}: {e}") from None
+    return obj if isinstance(obj, dict) else {}
+
+
+def _special_names(directory: Path) -> dict[str, tuple[str, ...]]:
+    """role -> token names to look up: the one the files name first, then the families'."""
+    named = _config(directory)
+    path = directory / "special_tokens_map.json"
+    if path.is_file():
+        try:
+            named = {**named, **json.loads(path.read_text(encoding="utf-8"))}
+        except (OSError, ValueError) as e:
+            raise UserError(f"cannot read {path}: {e}") from None
+    out = {}
+    for n, role in enumerate(("cls", "sep", "pad", "unk")):
+        given = named.get(f"{role}_token")
+        if isinstance(given, dict):  # {"content": "[CLS]", ...}
+            given = given.get("content")
+        out[role] = tuple(dict.fromkeys([given] if isinstance(given, str) else []).keys()) + tuple(
+            names[n] for names in _NAMES if names[n] != given
+        )
+    return out

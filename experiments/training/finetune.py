@@ -1,0 +1,142 @@
+"""Fine-tuning a pretrained BERT-family checkpoint (`model.pretrained`): what the classification
+objective (`classify`) needs to train `attn.bert_classifier` instead of `attn.classifier`,
+through the same setup, loop, checkpoints and commands.
+
+`load` reads the checkpoint (`attn.bert.load`) and its own tokenizer (`checkpoint_tokenizer`);
+`model_config` makes the frozen `bert_classifier.Config` from it and config.model (pooling, the
+head's dropout, the attention implementation, dtype); `init_params` puts the checkpoint's encoder,
+exactly as stored, beside a fresh head; `warm` marks the encoder for optim.warm_lr_scale and
+`layer_scales` gives optim.layer_decay's per-layer factors. `family` is the one dispatch on a
+model config's type that the train step, evaluation and serving share.
+"""
+
+import dataclasses
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import ml_collections
+
+from attn import bert, bert_classifier, classifier
+from experiments.data import checkpoint_tokenizer
+from experiments.errors import UserError
+
+ModelConfig = classifier.ModelConfig | bert_classifier.Config
+
+
+def family(cfg: ModelConfig) -> Any:
+    """The module whose `init` and `apply` serve `cfg`: attn.bert_classifier or attn.classifier
+    (the same signatures)."""
+    return bert_classifier if isinstance(cfg, bert_classifier.Config) else classifier
+
+
+def requested(config: ml_collections.ConfigDict) -> bool:
+    return bool(config.model.get("pretrained"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretrained:
+    """A checkpoint to fine-tune: its directory, encoder params and config, and tokenizer."""
+
+    directory: str
+    params: dict
+    encoder: bert.Config
+    tokenizer: checkpoint_tokenizer.CheckpointTokenizer
+
+    def describe(self) -> str:
+        e = self.encoder
+        return (
+            f"fine-tuning {self.directory}: {e.num_layers} layers, d_model {e.d_model}, "
+            f"{e.num_heads} heads, d_ff {e.d_ff}, {bert.param_count(self.params):,} parameters, "
+            f"vocabulary {e.vocab_size}, dropout {e.dropout}/{e.attention_dropout} (its own)"
+        )
+
+
+def load(config: ml_collections.ConfigDict) -> Pretrained:
+    """model.pretrained read: UserError in one line when it is not a checkpoint this can tune."""
+    tok = checkpoint_tokenizer.for_config(config)
+    directory = config.model.pretrained
+    try:
+        params, enc = bert.load(directory)
+    except bert.CheckpointError as e:
+        raise UserError(f"model.pretrained: {e}") from None
+    if tok.vocab_size > enc.vocab_size:
+        raise UserError(
+            f"model.pretrained={directory!r}: its tokenizer has {tok.vocab_size} ids but the "
+            f"encoder's table only {enc.vocab_size} rows"
+        )
+    return Pretrained(directory, params, enc, tok)
+
+
+def model_config(
+    config: ml_collections.ConfigDict, encoder: bert.Config, num_classes: int
+) -> bert_classifier.Config:
+    """The frozen config: the checkpoint's encoder (its dropout; config.model.dtype) and
+    config.model's pooling, head dropout and attention implementation; attention dropout is
+    dropped (and said) for an implementation that forms no weights."""
+    m = config.model
+    enc = dataclasses.replace(encoder, dtype=m.dtype)
+    if m.implementation != "matrix" and enc.attention_dropout:
+        print(
+            f"attention dropout {enc.attention_dropout} off: implementation {m.implementation!r} "
+            "forms no attention weights to drop",
+            file=sys.stderr,
+        )
+        enc = dataclasses.replace(enc, attention_dropout=0.0)
+    try:
+        return bert_classifier.Config(
+            encoder=enc,
+            num_classes=num_classes,
+            max_len=config.data.max_len,
+            pooling=m.pooling,
+            dropout=m.dropout,
+            implementation=m.implementation,
+        )
+    except ValueError as e:
+        raise UserError(f"model.pretrained: {e}") from None
+
+
+def init_params(pre: Pretrained, cfg: bert_classifier.Config) -> Callable[[jax.Array, bool], dict]:
+    """(key, fresh) -> params: the checkpoint's encoder as stored and a fresh head (a resumed
+    run's are overwritten, so it gets random ones of the same shapes)."""
+
+    def make(key: jax.Array, fresh: bool) -> dict:
+        params = bert_classifier.init(key, cfg)
+        if fresh:
+            params["encoder"] = pre.params
+        return params
+
+    return make
+
+
+def warm(params: Any) -> Any:
+    """True on the encoder's params: what the run starts from (optim.warm_lr_scale)."""
+    return {k: _filled(v, k == "encoder") for k, v in params.items()}
+
+
+def _filled(tree: Any, value: Any) -> Any:
+    """`tree`'s structure with `value` at every leaf."""
+    return jax.tree.map(lambda _: value, tree)
+
+
+def layer_scales(num_layers: int, decay: float) -> Callable[[Any], Any] | None:
+    """params -> each parameter's learning-rate factor under layer-wise decay: 1 for the head
+    (and the pooler above the layers), decay**(n - i) for layer i of n, decay**(n + 1) for the
+    embeddings. None at decay 1 (off)."""
+    if decay == 1:
+        return None
+
+    def depth_factor(name: str) -> float:
+        if name == "embed":
+            return decay ** (num_layers + 1)
+        if name.startswith("layer_"):
+            return decay ** (num_layers - int(name.split("_")[1]))
+        return 1.0  # the pooler
+
+    def scales(params: Any) -> Any:
+        out = {k: _filled(v, 1.0) for k, v in params.items() if k != "encoder"}
+        out["encoder"] = {k: _filled(v, depth_factor(k)) for k, v in params["encoder"].items()}
+        return out
+
+    return scales

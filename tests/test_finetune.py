@@ -1,0 +1,296 @@
+"""Fine-tuning a pretrained checkpoint (configs/finetune.py, model.pretrained) end to end on
+tests/data/bert/tiny_bert: the train command, exact resume, step-0 params, evaluate and predict
+on the result, the checkpoint's tokenizer saved and read back, and what is refused."""
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from conftest import (
+    ROOT,
+    _built_once,
+    assert_one_line_error,
+    assert_trees_equal,
+    metric_rows,
+    run_here,
+    saved_state,
+)
+
+from attn import bert
+from configs import finetune as finetune_config
+from experiments import cli, evaluate, predict, serving, train
+from experiments.data import batching, checkpoint_tokenizer, chosen, encoding, tokenizers
+from experiments.errors import UserError
+from experiments.training import checkpoints, finetune, optim
+
+TINY_BERT = ROOT / "tests" / "data" / "bert" / "tiny_bert"
+POS = ["great", "superb", "moving", "good", "loved", "wonderful", "best", "fun"]
+NEG = ["awful", "boring", "dull", "bad", "hated", "terrible", "worst"]
+
+
+def _write_csv(path: Path, n: int = 160) -> str:
+    r = random.Random(0)
+    rows = []
+    for i in range(n):
+        label = i % 2
+        a, b = r.sample(POS if label else NEG, 2)
+        rows.append(f"the film {i} was {a} and {b},{'pos' if label else 'neg'}")
+    path.write_text("text,label\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def _flags(csv: str, *more: str) -> list[str]:
+    return [
+        "--config=configs/finetune.py:tiny",
+        f"--config.model.pretrained={TINY_BERT}",
+        f"--config.data.path={csv}",
+        *more,
+    ]
+
+
+def _config(csv: str, **overrides):
+    config = finetune_config.get_config("tiny")
+    config.unlock()
+    config.data.path = csv
+    config.model.pretrained = str(TINY_BERT)
+    for key, value in overrides.items():
+        section, field = key.split("__")
+        config[section][field] = value
+    return config
+
+
+@pytest.fixture(scope="module")
+def csv(tmp_path_factory) -> str:
+    return _write_csv(tmp_path_factory.mktemp("ft_data") / "reviews.csv")
+
+
+@pytest.fixture(scope="module")
+def finetuned(tmp_path_factory, csv) -> str:
+    """A workdir of `python -m experiments.train --config=configs/finetune.py:tiny` (6 steps),
+    run in this process. Read-only for tests."""
+
+    def run(workdir: str) -> None:
+        status = cli.run(
+            train.define_flags, train.main, ["train", *_flags(csv), f"--workdir={workdir}"]
+        )
+        assert status == 0
+
+    return _built_once(tmp_path_factory, "finetuned", run)
+
+
+def test_the_train_command_fine_tunes_and_writes_a_servable_workdir(finetuned):
+    with open(os.path.join(finetuned, "eval_test.json"), encoding="utf-8") as f:
+        test = json.load(f)
+    assert test["label_names"] == ["neg", "pos"] and test["num_examples"] > 0
+    assert sorted(os.listdir(os.path.join(finetuned, "checkpoints"))) == ["3", "6"]
+    rows = metric_rows(finetuned)
+    assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2, 3, 4, 5, 6]
+    assert all(np.isfinite(r["loss"]) for r in rows)
+    state = saved_state(finetuned, 6)
+    assert set(state["params"]) == {"encoder", "head"}
+    loaded, _ = bert.load(TINY_BERT)
+    trained_enc = state["params"]["encoder"]
+    assert not np.array_equal(trained_enc["layer_1"]["ff1"]["w"], loaded["layer_1"]["ff1"]["w"])
+    meta = checkpoints.read_meta(checkpoints.reader(finetuned, "checkpoints"), 6)
+    assert meta["family"] == checkpoints.BERT and meta["model"]["encoder"]["d_model"] == 32
+
+
+def test_evaluate_and_predict_serve_the_fine_tuned_workdir(finetuned, tmp_path, capsys):
+    workdir = str(tmp_path / "copy")
+    shutil.copytree(finetuned, workdir)
+    trained = serving.load(workdir)
+    (best,) = os.listdir(os.path.join(workdir, "best"))
+    assert_trees_equal(trained.params, saved_state(workdir, int(best), "best")["params"])
+    result = evaluate.evaluate_workdir(workdir, "validation")
+    best_val = max(r["accuracy"] for r in metric_rows(workdir) if r["split"] == "validation")
+    assert result["accuracy"] == pytest.approx(best_val, abs=1e-6)
+    p = predict.predict_one(trained, "the film was great and moving", top=3)
+    assert p["label"] in ("neg", "pos") and 0.5 <= p["probability"] <= 1.0
+    assert p["num_tokens"] == 8  # [CLS] 6 words [SEP]
+    assert {t for t, _ in p["top_tokens"]} <= {
+        "[CLS]",
+        "[SEP]",
+        "the",
+        "film",
+        "was",
+        "great",
+        "and",
+        "moving",
+    }
+    proc = run_here("experiments.predict", f"--workdir={workdir}", "a dull film", capsys=capsys)
+    assert proc.returncode == 0 and proc.stdout.splitlines()[1].split("\t")[0] in ("neg", "pos")
+    proc = run_here("experiments.evaluate", f"--workdir={workdir}", capsys=capsys)
+    assert proc.returncode == 0 and "accuracy" in proc.stdout
+    for module, args in (
+        ("experiments.predict", ["--explain", "a dull film"]),
+        ("experiments.visualize", ["a dull film"]),
+    ):
+        proc = run_here(module, f"--workdir={workdir}", *args, capsys=capsys)
+        assert_one_line_error(proc, "not available for a fine-tuned pretrained encoder")
+
+
+def test_resume_after_interrupt_matches_the_uninterrupted_run(
+    finetuned, csv, tmp_path, monkeypatch
+):
+    workdir = str(tmp_path / "run")
+    real_prefetch = batching.prefetch
+
+    def interrupted_at_step_5(stream):
+        for step, batch in enumerate(real_prefetch(stream), 1):
+            if step == 5:  # after the step-3 checkpoint
+                raise KeyboardInterrupt
+            yield batch
+
+    monkeypatch.setattr(batching, "prefetch", interrupted_at_step_5)
+    with pytest.raises(KeyboardInterrupt):
+        train.train_and_evaluate(_config(csv), workdir)
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["3"]
+    monkeypatch.setattr(batching, "prefetch", real_prefetch)
+    train.train_and_evaluate(_config(csv), workdir)
+    assert metric_rows(workdir) == metric_rows(finetuned)
+    assert_trees_equal(saved_state(workdir, 6), saved_state(finetuned, 6))
+
+
+def test_the_run_starts_from_the_checkpoint_bit_for_bit(csv, tmp_path):
+    """A frozen encoder (warm_lr_scale 0) is still, after 3 steps through the loop and a
+    checkpoint, exactly the checkpoint's; the head has moved."""
+    loaded, enc = bert.load(TINY_BERT)
+    pre = finetune.load(_config(csv))
+    cfg = finetune.model_config(_config(csv), enc, 2)
+    assert_trees_equal(finetune.init_params(pre, cfg)(jax.random.key(0), True)["encoder"], loaded)
+    workdir = str(tmp_path / "frozen")
+    config = _config(csv, optim__warm_lr_scale=0.0, train__max_steps=3)
+    train.train_and_evaluate(config, workdir)
+    state = saved_state(workdir, 3)
+    assert_trees_equal(state["params"]["encoder"], loaded)
+    head0 = finetune.init_params(pre, cfg)(jax.random.split(jax.random.PRNGKey(0))[0], True)
+    assert not np.array_equal(state["params"]["head"]["w"], head0["head"]["w"])
+
+
+def test_layer_decay_and_the_linear_schedule():
+    scales = finetune.layer_scales(num_layers=2, decay=0.5)
+    params = {
+        "encoder": {
+            "embed": {"t": 0},
+            "layer_0": {"w": 0},
+            "layer_1": {"w": 0},
+            "pooler": {"w": 0},
+        },
+        "head": {"w": 0},
+    }
+    got = scales(params)
+    assert got["encoder"] == {
+        "embed": {"t": 0.125},
+        "layer_0": {"w": 0.25},
+        "layer_1": {"w": 0.5},
+        "pooler": {"w": 1.0},
+    }
+    assert got["head"] == {"w": 1.0} and finetune.layer_scales(2, 1.0) is None
+    config = finetune_config.get_config("tiny")
+    schedule = optim._schedule(config.optim, warmup=2, total=10)
+    lr = config.optim.learning_rate
+    assert [float(schedule(s)) for s in (0, 2, 6, 10)] == pytest.approx([0.0, lr, lr / 2, 0.0])
+
+
+def test_layer_decay_scales_each_layers_update(csv, tmp_path):
+    """Through make_optimizer: one Adam step moves layer 0 by decay**2 of what the head moves
+    (Adam's first step is lr * sign, so the ratio is the factor)."""
+    config = _config(csv, optim__layer_decay=0.5, optim__weight_decay=0.0, optim__warmup_steps=0)
+    scales = finetune.layer_scales(2, 0.5)
+    tx = optim.make_optimizer(config.optim, 10, finetune.warm, scales)
+    params = {
+        "encoder": {"layer_0": {"w": np.zeros(3, np.float32)}},
+        "head": {"w": np.zeros(3, np.float32)},
+    }
+    grads = jax.tree.map(lambda x: x + 1.0, params)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    ratio = np.asarray(updates["encoder"]["layer_0"]["w"]) / np.asarray(updates["head"]["w"])
+    np.testing.assert_allclose(ratio, 0.25, rtol=1e-6)
+
+
+def _tokenizer_json_dir(tmp_path: Path) -> Path:
+    """tiny_bert with a tokenizer.json (built from its vocab.txt) that pads and truncates to
+    fixed lengths by itself, as the shipped ones do."""
+    import tokenizers as hf
+
+    d = tmp_path / "with_json"
+    d.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copyfile(TINY_BERT / name, d / name)
+    tok = hf.implementations.BertWordPieceTokenizer(str(TINY_BERT / "vocab.txt"), lowercase=True)
+    tok.enable_padding(length=16)
+    tok.enable_truncation(max_length=6)
+    tok.save(str(d / "tokenizer.json"))
+    return d
+
+
+@pytest.mark.parametrize("source", ["vocab.txt", "tokenizer.json"])
+def test_the_checkpoints_tokenizer_round_trips_through_the_workdir(tmp_path, source):
+    directory = TINY_BERT if source == "vocab.txt" else _tokenizer_json_dir(tmp_path)
+    tok = checkpoint_tokenizer.CheckpointTokenizer(directory)
+    text = "The film was GREAT, not boring at all and the plot moved me. Xyzzy!"
+    ids = tok.encode(text)
+    assert len(ids) > 6  # the file's own truncation (and padding to 16) is off
+    assert tok.pad_id == 0 and (tok.cls_id, tok.sep_id) == (6, 7)
+    workdir = tmp_path / "workdir"
+    tok.save(workdir)
+    back = tokenizers.load_tokenizer(workdir)
+    assert isinstance(back, checkpoint_tokenizer.CheckpointTokenizer)
+    np.testing.assert_array_equal(back.encode(text), ids)
+    assert back.tokens(ids) == tok.tokens(ids) and back.vocab_size == 99
+    assert back.decode(ids) == text.lower()[: len(back.decode(ids))]
+    np.testing.assert_array_equal(back.encode(back.decode(ids)), ids)
+    # Framed and cut as training does: [CLS], head and tail of the text, [SEP].
+    (cut,) = encoding.encode(back, [text], max_len=10, add_cls=False, tail_len=3)
+    assert cut.tolist() == [6, *ids[:5], *ids[-3:], 7]
+
+
+def test_a_tokenizer_that_does_not_pad_with_0_is_refused(tmp_path):
+    d = tmp_path / "pad1"
+    d.mkdir()
+    vocab = (TINY_BERT / "vocab.txt").read_text(encoding="utf-8").split("\n")
+    vocab[0], vocab[1] = vocab[1], vocab[0]  # [PAD] at id 1
+    (d / "vocab.txt").write_text("\n".join(vocab), encoding="utf-8")
+    with pytest.raises(UserError, match="pads with id 1; attn's batches pad with 0"):
+        checkpoint_tokenizer.CheckpointTokenizer(d)
+
+
+def test_the_length_is_chosen_in_the_checkpoints_tokens(csv):
+    config = finetune_config.get_config()
+    config.unlock()
+    config.data.path = csv
+    config.model.pretrained = str(TINY_BERT)
+    resolved = chosen.resolve(config)
+    assert resolved.data.max_len == 32 and resolved.data.tail_len == 24
+    assert resolved.train.num_epochs == 4  # 30,000 / about 130 texts, at most 4
+
+
+def test_what_fine_tuning_cannot_do_is_refused_in_one_line(csv, tmp_path, capsys):
+    workdir = str(tmp_path / "w")
+    for more, fragments in (
+        (
+            ["--config.optim.adversarial_eps=1.0", "--config.model.bag_buckets=64"],
+            ["optim.adversarial_eps=1.0", "model.bag_buckets=64"],
+        ),
+        (["--config.model.pooling=max"], ["model.pooling='max' (cls or mean)"]),
+        (["--config.model.pretrained=" + str(tmp_path)], ["no config.json"]),
+        (["--config.model.pretrained=" + str(tmp_path / "none")], ["is not a directory"]),
+    ):
+        proc = run_here(
+            "experiments.train", *_flags(csv, *more), f"--workdir={workdir}", capsys=capsys
+        )
+        assert_one_line_error(proc, *fragments)
+        assert not os.path.exists(os.path.join(workdir, "config.json"))
+    proc = run_here(
+        "experiments.train",
+        "--config=configs/finetune.py:tiny",
+        f"--config.data.path={csv}",
+        f"--workdir={workdir}",
+        capsys=capsys,
+    )
+    assert_one_line_error(proc, "set --config.model.pretrained=DIR")
