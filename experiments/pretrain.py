@@ -52,6 +52,7 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
                 workdirs.remove_if_unused(workdir)
             raise
     if not distributed.is_primary():
+        distributed.finish()  # process 0 writes on; the job ends when it is done
         return
     curves = os.path.join(workdir, "curves.png")  # drawn by pretraining.pretrain
     print(
@@ -64,6 +65,7 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
         f"--workdir=... --config.model.init_from={workdir}",
         file=sys.stderr,
     )
+    distributed.finish()
 
 
 if __name__ == "__main__":

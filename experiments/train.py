@@ -199,6 +199,7 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
                 workdirs.remove_if_unused(workdir)
             raise
     if not distributed.is_primary():
+        distributed.finish()  # process 0 writes on; the job ends when it is done
         return
     curves = plots.plot_curves(workdir)
     print(
@@ -209,6 +210,7 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
     if "baseline" in test:
         print(baseline.summary(test["accuracy"], test["baseline"]))
     print(f"curves: {curves}\nresults: {os.path.join(workdir, 'eval_test.json')}")
+    distributed.finish()
 
 
 if __name__ == "__main__":
