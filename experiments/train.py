@@ -106,6 +106,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         workdirs.write_json(os.path.join(workdir, "config.json"), config.to_dict())
         if not os.path.exists(os.path.join(workdir, "tokenizer.json")):
             data.tokenizer.save(workdir)
+        scripts = os.path.join(workdir, workdirs.SCRIPTS_FILE)
+        if not os.path.exists(scripts):  # for predict: the scripts the model has read
+            workdirs.write_json(scripts, workdirs.script_shares(train.texts))
 
     best_state = loop.run(
         loop.Run(

@@ -2,14 +2,18 @@
 one (config, tokenizer, model config and the weights to serve) for evaluate, predict and visualize.
 
 A workdir holds config.json, tokenizer.json and vocab.txt, checkpoints/ and best/ (see
-`checkpoints`), metrics.jsonl and tensorboard/, eval_test.json and baseline.json (training's),
-evaluate_*.json (evaluate's), curves.png and visualize/.
+`checkpoints`), metrics.jsonl and tensorboard/, eval_test.json, baseline.json and scripts.json
+(training's; scripts.json: which scripts its training texts are written in), evaluate_*.json
+(evaluate's), curves.png and visualize/.
 """
 
+import collections
 import dataclasses
 import json
 import os
 import shutil
+import unicodedata
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -172,6 +176,7 @@ class Trained:
     label_names: tuple[str, ...]
     step: int
     source: str  # which checkpoint this is, for the user: see `_describe`
+    scripts: dict | None = None  # `script_shares` of the training texts; None in older workdirs
 
 
 def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
@@ -210,7 +215,11 @@ def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
         target = {served: jax.eval_shape(lambda key: classifier.init(key, cfg), KEY)}
         state, _ = checkpoints.restore(mngr, step, target, partial=True)
     source = _describe(workdir, which, step, meta)
-    return Trained(config, cfg, state[served], tok, tuple(meta["label_names"]), step, source)
+    scripts_path = os.path.join(workdir, SCRIPTS_FILE)
+    scripts = read_json(scripts_path) if os.path.exists(scripts_path) else None
+    return Trained(
+        config, cfg, state[served], tok, tuple(meta["label_names"]), step, source, scripts
+    )
 
 
 def _describe(workdir: str, which: str, step: int, meta: dict) -> str:
@@ -279,6 +288,8 @@ def reading(trained: Trained, text: str, ids_L: np.ndarray) -> Reading:
             f"mostly unknown: {unknown} of {known + unknown} tokens read are outside the "
             f"vocabulary, so the answer rests on the other {known}"
         )
+    elif trained.scripts:
+        notes.extend(_foreign_script(trained.scripts, text))
     whole = len(trained.tokenizer.encode(encoding.check_text(text)))
     add_cls = trained.cfg.pooling == "cls"
     data = trained.config.data
@@ -291,6 +302,56 @@ def reading(trained: Trained, text: str, ids_L: np.ndarray) -> Reading:
             note += f" (its bag: {bag_read})"
         notes.append(note)
     return Reading(whole, known, notes)
+
+
+SCRIPTS_FILE = "scripts.json"
+RARE_SCRIPT = 0.1  # a text mostly in a script under this share of the training letters is noted
+_MIN_LETTERS = 3  # fewer letters say nothing of a text's script
+_CJK_SCRIPTS = ("CJK", "HIRAGANA", "KATAKANA", "HANGUL")
+
+
+def script_of(c: str) -> str | None:
+    """The script of a letter as Unicode names it ("LATIN", "CYRILLIC", ...; ideographs, kana and
+    hangul are all "CJK"); None for what is not a letter (digits, punctuation, spaces, emoji)."""
+    if not unicodedata.category(c).startswith("L"):
+        return None
+    script = unicodedata.name(c, "OTHER").split()[0]
+    return "CJK" if script in _CJK_SCRIPTS else script
+
+
+def script_shares(texts: Sequence[str]) -> dict:
+    """{"letters": how many letters `texts` have, "shares": {script: fraction of them}}, largest
+    share first. Written at training time (`SCRIPTS_FILE`) so that predict can tell a text in a
+    script the model has hardly seen: the Chinese default answered English confidently, and
+    Latin letters being in its vocabulary, nothing said it had barely trained on any."""
+    scripts: dict[str, str | None] = {}  # a text of 17k reviews has a few thousand characters
+    counts: collections.Counter = collections.Counter()
+    for text in texts:
+        for c in text:
+            if c not in scripts:
+                scripts[c] = script_of(c)
+            if scripts[c]:
+                counts[scripts[c]] += 1
+    total = sum(counts.values())
+    shares = {k: n / total for k, n in counts.most_common()} if total else {}
+    return {"letters": total, "shares": shares}
+
+
+def _foreign_script(trained_scripts: dict, text: str) -> list[str]:
+    """A note when most of `text`'s letters are in a script that few training letters were in."""
+    mine = script_shares([text])
+    if mine["letters"] < _MIN_LETTERS:
+        return []
+    script, share = next(iter(mine["shares"].items()))
+    seen = trained_scripts.get("shares", {})
+    if share <= 0.5 or seen.get(script, 0.0) >= RARE_SCRIPT or not seen:
+        return []
+    name = lambda s: s if s == "CJK" else s.title()
+    return [
+        f"written in {name(script)} letters, which were {seen.get(script, 0.0):.1%} of the "
+        f"letters the model was trained on (mostly {name(next(iter(seen)))}), so it knows little "
+        "of such text"
+    ]
 
 
 def _part_read(keep: int, tail_len: int) -> str:

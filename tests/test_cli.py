@@ -108,6 +108,29 @@ def test_evaluate_on_a_labelled_file_matches_the_split_it_holds(trained_copy, tm
     )
 
 
+def test_a_text_in_a_script_the_model_hardly_saw_says_so(trained_copy):
+    """The Chinese model answered English confidently; its vocabulary has Latin letters, so the
+    "mostly unknown" note never fired. Training records its texts' scripts; an older workdir
+    without the record skips the check."""
+    assert workdirs.script_shares(["好的 ok", "Да 1 😀"]) == {
+        "letters": 6,
+        "shares": {"CJK": 2 / 6, "LATIN": 2 / 6, "CYRILLIC": 2 / 6},
+    }
+    trained = workdirs.load(trained_copy)
+    shares = trained.scripts["shares"]
+    assert next(iter(shares)) == "CJK" and shares.get("LATIN", 0.0) < workdirs.RARE_SCRIPT
+    english = "This product is great, I love it"
+    p = predict.predict_one(trained, english, top=3)
+    assert p["label"] in ("neg", "pos")
+    assert p["note"] == (
+        f"written in Latin letters, which were {shares.get('LATIN', 0.0):.1%} of the letters the "
+        "model was trained on (mostly CJK), so it knows little of such text"
+    )
+    assert "note" not in predict.predict_one(trained, "质量很好，很满意 great", top=3)  # mostly CJK
+    os.remove(os.path.join(trained_copy, workdirs.SCRIPTS_FILE))
+    assert "note" not in predict.predict_one(workdirs.load(trained_copy), english, top=3)
+
+
 def test_an_answer_that_reads_less_than_it_seems_says_so(trained_copy, capsys):
     """A text cut to max_len (64 here) and one mostly outside the vocabulary each get a note: in
     predict's JSON and on stderr, with stdout still one line per text, and in visualize."""
