@@ -220,8 +220,17 @@ def _mask_function(
     b: int,
 ) -> masks.MaskFunction | None:
     """jax.nn's mask arguments (and a mask function) as one mask function, or None."""
+    try:
+        causal = bool(is_causal)
+    except jax.errors.TracerBoolConversionError:  # jax.nn fails here with JAX's generic error
+        raise TypeError(
+            "is_causal is a traced value (an argument of a jitted function); it decides the "
+            "mask's shape, so make it static: jax.jit(functools.partial("
+            "attn.dot_product_attention, is_causal=True)) or jax.jit(f, "
+            "static_argnames='is_causal')"
+        ) from None
     parts = []
-    if is_causal:
+    if causal:
         parts.append(masks.causal)
     if window is not None:
         left, right = (window, window) if isinstance(window, int) else window

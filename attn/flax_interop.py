@@ -25,10 +25,19 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from flax import nnx
+
+try:
+    import flax.linen as nn
+    from flax import nnx
+except ModuleNotFoundError as e:  # Flax is optional: the rest of attn runs without it
+    if e.name != "flax":
+        raise
+    raise ModuleNotFoundError(
+        'attn.flax_interop needs Flax, which is not installed: pip install "attn[flax]"',
+        name="flax",
+    ) from None
 
 from attn import batched, masks, multihead, scores
 

@@ -143,10 +143,12 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
         result = evaluate_workdir(fv.workdir, fv.split, fv.checkpoint)
         what = f"{fv.split} split"
     if not parallel.is_primary():
+        parallel.finish()  # process 0 writes on; the job ends when it is done
         return
     print(f"{what}, checkpoint step {result['step']}")
     print(format_table(result, tuple(result["label_names"])))
     print(f"written: {result_file(fv.workdir, fv.checkpoint, fv.split, fv.path)}")
+    parallel.finish()
 
 
 if __name__ == "__main__":

@@ -19,8 +19,14 @@ set to twice that, is the backstop; when process 0 (which hosts the coordination
 JAX stops the others at once with its own multi-line message. On CPU the processes create the
 communicator of their collectives together as they join (`_join_collectives`), so that one
 arriving late at its first train step is waited for.
+
+A job ends with `finish` on every process: process 0 writes its files after the others are done,
+and JAX's own shutdown aborts every process when one reaches it more than `--peer_timeout` seconds
+after another; after `finish` they reach it together, with the watch stopped first, so that
+leaving is not mistaken for a lost coordinator.
 """
 
+import atexit
 import dataclasses
 import os
 import socket
@@ -40,6 +46,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from experiments.errors import UserError
 
 DEFAULT_TIMEOUT = 120
+_FOREVER_MS = 7 * 24 * 3600 * 1000  # a barrier whose peers the watch keeps an eye on instead
+
+_watch: tuple[threading.Event, threading.Thread] | None = None  # this process's `watch_peers`
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -116,8 +125,41 @@ def initialize(
         heartbeat_timeout_seconds=2 * timeout,
         shutdown_timeout_seconds=timeout,
     )
-    threading.Thread(target=watch_peers, args=(timeout,), daemon=True).start()
+    global _watch
+    stop = threading.Event()
+    watcher = threading.Thread(target=watch_peers, args=(timeout,), kwargs={"stop": stop})
+    watcher.daemon = True
+    watcher.start()
+    _watch = (stop, watcher)
+    # atexit runs last-registered first: the watch stops before JAX's own shutdown (registered
+    # when jax was imported) disconnects this process, which it would report as a lost
+    # coordinator.
+    atexit.register(_stop_watching)
     _join_collectives(timeout)
+
+
+def finish() -> None:
+    """Leaves the job once every process has done its work; call it on every process at the end
+    of a command that succeeded. The processes wait for each other (the watch still stopping the
+    job if one dies meanwhile), then stop their watches and shut down together. Nothing for a
+    single process."""
+    client = jax_distributed.global_state.client
+    if client is None:
+        return
+    try:
+        client.wait_at_barrier("attn/finished", _FOREVER_MS)
+    except Exception as e:  # the service saw a peer die before the watch did
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        _stop(f"process {jax.process_index()} of {jax.process_count()}: a peer died ({reason})")
+    _stop_watching()
+    jax.distributed.shutdown()
+
+
+def _stop_watching() -> None:
+    if _watch is not None:
+        stop, watcher = _watch
+        stop.set()
+        watcher.join(timeout=30)  # a beat in flight; the watch reports nothing once stopped
 
 
 def _join_collectives(timeout: int) -> None:
@@ -148,14 +190,18 @@ def _join_collectives(timeout: int) -> None:
     total(ones).block_until_ready()
 
 
-def watch_peers(timeout: float, beat_seconds: float = 1.0) -> None:
-    """Runs forever: beats for this process, and ends the process with a one-line error when a
-    peer has not beaten for `timeout` seconds or the coordination service is gone."""
+def watch_peers(
+    timeout: float, beat_seconds: float = 1.0, stop: threading.Event | None = None
+) -> None:
+    """Runs until `stop` is set: beats for this process, and ends the process with a one-line
+    error when a peer has not beaten for `timeout` seconds or the coordination service is gone
+    while this process is still in the job."""
     # JAX has no public handle on the coordination service's key-value store (orbax reads the
     # same attribute).
     state = jax_distributed.global_state
     client, me, n = state.client, state.process_id, state.num_processes
     seen: dict[int, tuple[str, float]] = {}  # peer -> (its last beat, when it changed)
+    stop = stop or threading.Event()
     for beat in range(sys.maxsize):
         now = time.monotonic()
         try:
@@ -169,15 +215,18 @@ def watch_peers(timeout: float, beat_seconds: float = 1.0) -> None:
                     value = ""
                 if seen.get(peer, (None,))[0] != value:
                     seen[peer] = (value, now)
-                elif now - seen[peer][1] > timeout:
+                elif now - seen[peer][1] > timeout and not stop.is_set():
                     _stop(
                         f"process {peer} of {n} has been silent for {timeout:.0f} s (it died or "
                         f"lost the network), so process {me} stops too"
                     )
         except Exception as e:  # the service itself is unreachable: process 0 is gone
+            if stop.is_set() or state.client is not client:  # this process is leaving the job
+                return
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
             _stop(f"process {me} of {n} lost the coordinator, process 0 ({reason})")
-        time.sleep(beat_seconds)
+        if stop.wait(beat_seconds):
+            return
 
 
 def _stop(message: str) -> None:

@@ -14,9 +14,11 @@ error on stderr; the others are still answered, and the exit status is 2 if any 
 text with no token the model knows (every character outside the vocabulary but for whitespace)
 gets the label `unknown` and no probability: the model has nothing to go on. Stderr says which
 checkpoint answers, and adds a line `note: text N: ...` for an answer that reads less than it
-seems: a text cut to the model's length (`read the first N and last K of M tokens`) or one
-whose tokens are mostly outside the vocabulary (`mostly unknown: ...`); with --json the same
-words are the object's `note`.
+seems: a text cut to the model's length (`read the first N and last K of M tokens`), one
+whose tokens are mostly outside the vocabulary (`mostly unknown: ...`), or one written mostly in
+a script that was under 10% of the training texts' letters (`written in Latin letters, which
+were 0.4% of ...`; workdirs trained before scripts.json was written skip this); with --json the
+same words are the object's `note`.
 
 --explain adds three columns (`explain` in JSON): the top tokens by leave-one-out, each with the
 drop of the probability when it alone is erased, and the probability once the 3 most-attended

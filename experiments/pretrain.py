@@ -20,7 +20,7 @@ import time
 
 from absl import flags
 
-from experiments import cli
+from experiments import cli, parallel
 from experiments.training import masked_tokens
 
 
@@ -32,6 +32,7 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
     start = time.perf_counter()
     result = cli.run_in_workdir(fv, masked_tokens.pretrain)
     if result is None:  # not process 0
+        parallel.finish()  # process 0 writes on; the job ends when it is done
         return
     workdir = fv.workdir
     curves = os.path.join(workdir, "curves.png")  # drawn by masked_tokens.pretrain
@@ -45,6 +46,7 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
         f"--workdir=... --config.model.init_from={workdir}",
         file=sys.stderr,
     )
+    parallel.finish()
 
 
 if __name__ == "__main__":

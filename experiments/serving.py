@@ -13,7 +13,7 @@ import numpy as np
 
 from attn import bert, bert_classifier, classifier
 from experiments import workdirs
-from experiments.data import encoding, tokenizers
+from experiments.data import encoding, scripts, tokenizers
 from experiments.data.tokenizers import CLS
 from experiments.errors import UserError
 from experiments.training import checkpoints
@@ -32,6 +32,7 @@ class Trained:
     label_names: tuple[str, ...]
     step: int
     source: str  # which checkpoint this is, for the user: see `_describe`
+    scripts: dict | None = None  # `scripts.script_shares` of its training texts; None: older
 
 
 def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
@@ -73,7 +74,11 @@ def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
         target = {served: jax.eval_shape(lambda key: init(key, cfg), KEY)}
         state, _ = checkpoints.restore(mngr, step, target, partial=True)
     source = _describe(workdir, which, step, meta)
-    return Trained(config, cfg, state[served], tok, tuple(meta["label_names"]), step, source)
+    scripts_path = os.path.join(workdir, scripts.SCRIPTS_FILE)
+    shares = workdirs.read_json(scripts_path) if os.path.exists(scripts_path) else None
+    return Trained(
+        config, cfg, state[served], tok, tuple(meta["label_names"]), step, source, shares
+    )
 
 
 def refuse_fine_tuned(trained: Trained, what: str) -> None:
@@ -157,6 +162,8 @@ def reading(trained: Trained, text: str, ids_L: np.ndarray) -> Reading:
             f"mostly unknown: {unknown} of {known + unknown} tokens read are outside the "
             f"vocabulary, so the answer rests on the other {known}"
         )
+    elif trained.scripts:
+        notes.extend(scripts.foreign_note(trained.scripts, text))
     whole = len(trained.tokenizer.encode(encoding.check_text(text)))
     frame = encoding.frame_of(tok)
     add_cls = trained.cfg.pooling == "cls"

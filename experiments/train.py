@@ -18,7 +18,7 @@ import time
 import ml_collections
 from absl import flags
 
-from experiments import cli, fields
+from experiments import cli, fields, parallel
 from experiments.data import chosen
 from experiments.errors import UserError
 from experiments.explain import plots
@@ -55,6 +55,7 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
     start = time.perf_counter()
     test = cli.run_in_workdir(fv, train_and_evaluate)
     if test is None:  # not process 0
+        parallel.finish()  # process 0 writes on; the job ends when it is done
         return
     curves = plots.plot_curves(fv.workdir)
     print(
@@ -65,6 +66,7 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
     if "baseline" in test:
         print(baseline.summary(test["accuracy"], test["baseline"]))
     print(f"curves: {curves}\nresults: {os.path.join(fv.workdir, 'eval_test.json')}")
+    parallel.finish()
 
 
 if __name__ == "__main__":

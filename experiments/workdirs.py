@@ -2,8 +2,9 @@
 files. Loading a trained one to serve is `serving`'s.
 
 A workdir holds config.json, tokenizer.json and vocab.txt, checkpoints/ and best/ (see
-`checkpoints`), metrics.jsonl and tensorboard/, eval_test.json and baseline.json (training's),
-evaluate_*.json (evaluate's), curves.png and visualize/.
+`checkpoints`), metrics.jsonl and tensorboard/, eval_test.json, baseline.json and scripts.json
+(training's; scripts.json: which scripts its training texts are written in), evaluate_*.json
+(evaluate's), curves.png and visualize/.
 """
 
 import json

@@ -65,6 +65,11 @@ def test_a_run_prints_and_records_the_baseline_and_a_rerun_reuses_it(tmp_path, c
     )
     first = run_here("experiments.train", *args, capsys=capsys)
     assert first.returncode == 0, first.stderr
+    fitting = (
+        "baseline: fitting char 1-3-gram TF-IDF + logistic regression on 251 training texts for "
+        f"{len(baseline.GRID)} values of C"
+    )
+    assert fitting in first.stderr  # the bar sat at its end with nothing said while it ran
     saved = json.loads((workdir / baseline.FILE).read_text())
     assert saved["features"] == "char 1-3-grams" and saved["test_accuracy"] > 0.9
     model = json.loads((workdir / "eval_test.json").read_text())
@@ -78,7 +83,7 @@ def test_a_run_prints_and_records_the_baseline_and_a_rerun_reuses_it(tmp_path, c
     monkeypatch.setattr(baseline, "tfidf_logreg", refit)
     again = run_here("experiments.train", *args, capsys=capsys)
     assert again.returncode == 0, again.stderr
-    assert line in again.stdout
+    assert line in again.stdout and "baseline: fitting" not in again.stderr
 
 
 def test_data_it_cannot_fit_gives_a_reason_and_no_file(tmp_path):

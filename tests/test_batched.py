@@ -315,6 +315,23 @@ def test_jit_takes_mask_functions_and_scores_as_arguments():
     )
 
 
+def test_a_traced_is_causal_is_one_error_naming_how_to_make_it_static():
+    q, k, v = _qkv(20, s=T)
+    with pytest.raises(TypeError) as e:
+        jax.jit(attn.dot_product_attention)(q, k, v, is_causal=True)
+    message = str(e.value)
+    assert "\n" not in message
+    assert "functools.partial(attn.dot_product_attention, is_causal=True)" in message
+    assert "static_argnames='is_causal'" in message
+    # The static form it names works.
+    static = jax.jit(attn.dot_product_attention, static_argnames="is_causal")
+    np.testing.assert_allclose(
+        static(q, k, v, is_causal=True),
+        jax.nn.dot_product_attention(q, k, v, is_causal=True),
+        atol=2e-5,
+    )
+
+
 _q, _k, _v = _qkv(19)
 
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT, assert_one_line_error, run, run_here, tiny_flags, tree_hash
 
 from experiments import evaluate, predict, serving, workdirs
-from experiments.data import datasets
+from experiments.data import datasets, scripts
 
 
 def test_evaluate_predict_visualize_commands(trained_copy, capsys):
@@ -106,6 +106,29 @@ def test_evaluate_on_a_labelled_file_matches_the_split_it_holds(trained_copy, tm
     assert_one_line_error(
         run_here("experiments.evaluate", *argv, capsys=capsys), "--path=", "unknown label '1'"
     )
+
+
+def test_a_text_in_a_script_the_model_hardly_saw_says_so(trained_copy):
+    """The Chinese model answered English confidently; its vocabulary has Latin letters, so the
+    "mostly unknown" note never fired. Training records its texts' scripts; an older workdir
+    without the record skips the check."""
+    assert scripts.script_shares(["好的 ok", "Да 1 😀"]) == {
+        "letters": 6,
+        "shares": {"CJK": 2 / 6, "LATIN": 2 / 6, "CYRILLIC": 2 / 6},
+    }
+    trained = serving.load(trained_copy)
+    shares = trained.scripts["shares"]
+    assert next(iter(shares)) == "CJK" and shares.get("LATIN", 0.0) < scripts.RARE_SCRIPT
+    english = "This product is great, I love it"
+    p = predict.predict_one(trained, english, top=3)
+    assert p["label"] in ("neg", "pos")
+    assert p["note"] == (
+        f"written in Latin letters, which were {shares.get('LATIN', 0.0):.1%} of the letters the "
+        "model was trained on (mostly CJK), so it knows little of such text"
+    )
+    assert "note" not in predict.predict_one(trained, "质量很好，很满意 great", top=3)  # mostly CJK
+    os.remove(os.path.join(trained_copy, scripts.SCRIPTS_FILE))
+    assert "note" not in predict.predict_one(serving.load(trained_copy), english, top=3)
 
 
 def test_an_answer_that_reads_less_than_it_seems_says_so(trained_copy, capsys):

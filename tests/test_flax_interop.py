@@ -2,6 +2,8 @@
 (same weights: same outputs, masks, dropout and training), and one trace per config."""
 
 import functools
+import importlib
+import sys
 
 import flax.linen as nn
 import jax
@@ -236,3 +238,21 @@ def test_bad_masks_raise_one_line_errors(mask, exc, words):
     assert "\n" not in str(info.value)
     for w in words:
         assert w in str(info.value), (w, str(info.value))
+
+
+def test_without_flax_the_import_names_the_extra_to_install(monkeypatch):
+    class NoFlax:  # a machine without Flax: its import fails as Python's own finders fail it
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] == "flax":
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    for name in [m for m in sys.modules if m.partition(".")[0] == "flax"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [NoFlax(), *sys.meta_path])
+    monkeypatch.delitem(sys.modules, "attn.flax_interop")
+    with pytest.raises(ModuleNotFoundError) as e:
+        importlib.import_module("attn.flax_interop")
+    assert str(e.value) == (
+        'attn.flax_interop needs Flax, which is not installed: pip install "attn[flax]"'
+    )
+    assert e.value.name == "flax" and e.value.__suppress_context__

@@ -207,6 +207,43 @@ def test_a_process_late_at_its_first_collective_is_waited_for(tmp_path):
         assert out.split()[-1] == "12.0"  # after gloo's own "[Gloo] Rank ..." lines
 
 
+# Process 0 writes its files (plots, baseline, results) after the others are done, here 3 times
+# longer than the peer timeout: JAX's shutdown then timed out on the early process and aborted both.
+# After `finish` each process lingers as a notebook would: its watch, still beating, read the
+# shutdown as a lost coordinator and exited 1.
+_LATE_PROCESS_0 = """
+import sys, time
+from experiments import distributed
+port, pid = sys.argv[1], int(sys.argv[2])
+distributed.initialize(f"127.0.0.1:{port}", 2, pid, timeout=3)
+if pid == 0:
+    time.sleep(9)
+distributed.finish()
+time.sleep(3)
+print("finished", pid)
+"""
+
+
+@pytest.mark.slow
+def test_a_job_whose_process_0_finishes_late_exits_0_on_every_process():
+    port = _free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _LATE_PROCESS_0, str(port), str(pid)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for pid in (0, 1)
+    ]
+    for pid, p in enumerate(procs):
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err[-3000:]
+        assert out.split()[-2:] == ["finished", str(pid)]
+        assert "error" not in err.lower(), err[-3000:]
+
+
 def test_unreachable_coordinator_is_one_line_error_within_the_timeout(tfds_dir, tmp_path):
     port = _free_port()  # nobody listens there
     timeout = 3

@@ -1,10 +1,12 @@
 """A tiny end-to-end run on the embedded data, resume, multi-device, model mismatch."""
 
+import itertools
 import json
 import os
 import re
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 from conftest import (
@@ -21,9 +23,56 @@ from experiments import evaluate, parallel, predict, serving, train, visualize, 
 from experiments.data import batching, encoding, tokenizers
 from experiments.errors import UserError
 from experiments.explain import maps
-from experiments.training import bag_prior, checkpoints, classify, metrics
+from experiments.training import bag_prior, checkpoints, classify, loop, metrics
 
 EVAL_KEYS = {"accuracy", "macro_f1", "loss", "confusion", "num_examples"}
+
+
+def test_the_expected_time_weighs_each_batch_shape_by_how_often_it_comes():
+    # Three short batches for each long one, which takes 5-7 times as long: timing only the next
+    # few batches (mostly short ones) promised half the time the run took.
+    counts = {("tokens", (32, 32)): 3, ("tokens", (32, 256)): 1}
+    seconds = {("tokens", (32, 32)): [0.1, 0.2], ("tokens", (32, 256)): [1.3, 1.4]}
+    assert loop.expected_time(counts, seconds, 1200, 12) == (
+        "expected: 8-10 min for 1,200 steps at the machine's present load (0.40-0.50 s a step "
+        "over its 2 batch shapes), plus 12 evaluations"
+    )
+    one = {"s": [0.5, 0.5]}
+    assert loop.expected_time({"s": 7}, one, 100, 1).startswith("expected: about 50 s for 100 ")
+    assert loop.expected_time({"s": 1}, {"s": [2.0, 2.5]}, 3000, 0).startswith(
+        "expected: 1.7-2.1 h for 3,000 steps"
+    )
+
+
+def test_the_expected_time_times_every_batch_shape_of_the_run():
+    config = ml_collections.ConfigDict({"train": {"eval_every_steps": 10}})
+    shapes = []
+
+    def step(state, batch):
+        shapes.append(batch["tokens"].shape)
+        return state, {}
+
+    def batches(start):
+        for i in itertools.count(start):
+            yield {"tokens": np.zeros((4, 16 if i % 5 == 0 else 8), np.int32)}
+
+    r = loop.Run(
+        workdir="",
+        config=config,
+        dp=parallel.data_parallel({"batch_size": 4, "eval_batch_size": 4}),
+        total_steps=70,
+        meta={},
+        init_state=lambda fresh: None,
+        step=step,
+        batches=batches,
+        evaluate=lambda state: {},
+        write_run_files=lambda: None,
+    )
+    line = loop._expected_time(r, {"w": jax.numpy.zeros(3)}, start=10)
+    assert line.startswith("expected: ") and " for 60 steps " in line
+    assert line.endswith("over its 2 batch shapes), plus 6 evaluations")
+    assert sorted(shapes) == [(4, 8)] * 3 + [(4, 16)] * 3  # each compiled, then timed twice
+    assert loop._expected_time(r, {"w": jax.numpy.zeros(3)}, start=21) is None  # 49 steps left
 
 
 def test_training_writes_checkpoints_metrics_and_test_results(trained):

@@ -281,6 +281,37 @@ def test_a_label_seen_once_is_named(tmp_path, capsys):
     assert "occurs only once" not in capsys.readouterr().err  # named labels: it is a bad row
 
 
+def test_a_rare_label_spelt_like_a_common_one_is_named_with_the_label_meant(tmp_path, capsys):
+    # 300 rows: 4 of them (1.3%) say `postive`; 2 say `neutral`, spelt like no other label.
+    labels = ["positive", "negative"] * 147
+    labels[10:14] = ["postive"] * 4
+    labels[100:102] = ["neutral"] * 2
+    labels += ["Negative ", "negative", "positive", "negative", "positive", "negative"]
+    rows = [f"review {i},{label}" for i, label in enumerate(labels)]
+    path = tmp_path / "r.csv"
+    path.write_text("text,label\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    names = user_files.load(str(path))["train"][2]
+    assert names == ("Negative", "negative", "neutral", "positive", "postive")  # the user decides
+    err = capsys.readouterr().err
+    typo = next(line for line in err.splitlines() if "'postive'" in line)
+    assert "(4 of 300 rows, line 12, line 13, line 14, line 15)" in typo
+    assert "a misspelling of 'positive' (" in typo
+    assert """--config.data.label_names="('negative', 'positive')\"""" in typo
+    case = next(line for line in err.splitlines() if "'Negative'" in line)
+    assert "'Negative' (1 of 300 rows, line 296) looks like a misspelling of 'negative'" in case
+    neutral = next(line for line in err.splitlines() if "'neutral'" in line)
+    assert "occurs on only 2 of 300 rows (0.7%: line 102, line 103)" in neutral
+    assert "misspelling" not in neutral
+
+
+def test_labels_that_are_merely_few_or_alike_are_not_warned_about(tmp_path, capsys):
+    # Ten classes of 3-5% each, named alike: no class is rare next to the others.
+    rows = [f"review {i},label_{i % 10 if i < 270 else 0}" for i in range(300)]
+    path = _csv(tmp_path, ["text,label", *rows])
+    assert len(user_files.load(path)["train"][2]) == 10
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_the_advice_for_a_label_seen_once_is_a_flag_that_works(tmp_path, capsys):
     rows = [f"review {i},{'pos' if i % 2 else 'neg'}" for i in range(200)] + ["review x,neutral"]
     path = tmp_path / "r.csv"

@@ -2,9 +2,12 @@
 drawn weights and outputs and are the model's own; the output directory is replaced whole; bad
 choices are one-line errors that write nothing."""
 
+import base64
+import io
 import itertools
 import math
 import os
+import re
 
 import jax
 import numpy as np
@@ -79,6 +82,23 @@ def test_steps_files_are_written_with_their_names(drawn):
     assert not [f for f in os.listdir(workdir) if ".tmp" in f]  # nothing left half-made
     html = open(os.path.join(out, "attention.html"), encoding="utf-8").read()
     assert "Legend" in html and "masked" in html and "<rt>" in html  # numbers shown, not hovered
+
+
+def test_the_page_carries_the_glyphs_of_its_chinese_text_in_the_pngs_font(drawn):
+    from fontTools.ttLib import TTFont
+
+    html = open(os.path.join(drawn["out"], "attention.html"), encoding="utf-8").read()
+    face = re.search(
+        r"@font-face\{font-family:'([^']+)';src:url\(data:font/otf;base64,([^)]+)\)", html
+    )
+    assert face and face[1] == page.CJK_FAMILY
+    assert f"body{{font-family:'{face[1]}',sans-serif;" in html
+    font = TTFont(io.BytesIO(base64.b64decode(face[2])))
+    assert font["name"].getDebugName(1).startswith("Noto Sans CJK SC")  # the PNGs' font
+    cmap = font.getBestCmap()
+    assert all(ord(c) in cmap for text in TEXTS for c in text)  # 很好看, 质量太差了，不推荐
+    assert len(face[2]) < 200_000  # the page's glyphs, not the font's 16 MB
+    assert page.font_face("an English page: sans-serif has its glyphs") == ""
 
 
 def test_drawn_steps_recombine_and_are_the_model_attention(drawn, trained):

@@ -23,6 +23,7 @@ of the file) one field: that row is named, and every line it swallowed counts as
 
 import collections
 import csv
+import difflib
 import functools
 import io
 import json
@@ -147,20 +148,62 @@ def load(
 
 
 def _warn_single_labels(named: str, rows: list[Row], good: list) -> None:
-    """A label that occurs once among many rows is most likely a typo (`neutral` among pos/neg,
-    `Pos` for `pos`), yet it would become a class of its own: say which row has it."""
+    """A label on a few rows among many is most likely a typo (`neutral` among pos/neg, `Pos` or
+    `postive` for `pos`/`positive`), yet it would become a class of its own and could even score
+    well (its rows share the typo, not the sentiment): say which rows have it and, when it is
+    spelt nearly like a common label, which label was likely meant."""
     counts = collections.Counter(label for _, label, _ in good)
     if len(good) < 10:
         return
-    common = tuple(label for label, n in sorted(counts.items()) if n > 1)
-    for label, n in sorted(counts.items()):
-        if n == 1:
-            where = next(r[0] for r in rows if r[2] is not None and r[2].strip() == label)
+    # Rare next to the whole file and to the largest class: many small classes are no typos.
+    top = max(counts.values())
+    rare = {
+        label
+        for label, n in counts.items()
+        if n == 1 or (n < RARE_LABEL * len(good) and n < top / 10)
+    }
+    common = tuple(label for label in sorted(counts) if label not in rare)
+    for label in sorted(rare):
+        n = counts[label]
+        wheres = [r[0] for r in rows if r[2] is not None and r[2].strip() == label]
+        fix = (
+            "Fix the row, or skip it" if n == 1 else "Fix those rows, or skip them"
+        ) + f' with --config.data.label_names="{common!r}"'
+        meant = _likely_meant(label, [c for c in common if counts[c] > n])
+        if meant is not None:
             _warn(
-                f"{named}: label {label!r} occurs only once ({where}); it "
-                "becomes a class of its own. Fix the row, or skip it with "
-                f'--config.data.label_names="{common!r}"'
+                f"{named}: label {label!r} ({n} of {len(good)} rows, {_lines(wheres)}) looks like "
+                f"a misspelling of {meant!r} ({counts[meant]} rows), yet it becomes a class of "
+                f"its own. {fix}"
             )
+        elif n == 1:
+            _warn(
+                f"{named}: label {label!r} occurs only once ({wheres[0]}); it becomes a class of "
+                f"its own. {fix}"
+            )
+        else:
+            _warn(
+                f"{named}: label {label!r} occurs on only {n} of {len(good)} rows "
+                f"({n / len(good):.1%}: {_lines(wheres)}); it becomes a class of its own. {fix}"
+            )
+
+
+RARE_LABEL = 0.02  # a label on fewer than this fraction of the rows may be a mistake
+
+
+def _likely_meant(label: str, others: Sequence[str]) -> str | None:
+    """The label among `others` that `label` is most likely a misspelling of: equal but for case
+    or spaces, else the closest by difflib's ratio (0.6: `postive`/`positive` 0.93, `Pos`/`pos`
+    1.0, `neutral`/`negative` 0.4); None when none is close."""
+    key = lambda x: re.sub(r"[\s_-]+", "", x.lower())
+    by_key = {key(o): o for o in others}
+    close = difflib.get_close_matches(key(label), list(by_key), n=1, cutoff=0.6)
+    return by_key[close[0]] if close else None
+
+
+def _lines(wheres: Sequence[str]) -> str:
+    more = len(wheres) - _SHOW_BAD
+    return ", ".join(wheres[:_SHOW_BAD]) + (f" and {more} more" if more > 0 else "")
 
 
 @functools.cache

@@ -3,11 +3,16 @@ attention it receives, its top tokens by attention and by leave-one-out side by 
 erasure test of the attention, a legend, and the step-by-step values of one head for the first
 text, in tables with the numbers in the cells."""
 
+import base64
 import html
+import io
 
 import numpy as np
 
-from experiments.explain import step_plots
+from experiments.data import chosen
+from experiments.explain import plots, step_plots
+
+CJK_FAMILY = "attn Noto Sans CJK SC"  # the page's name for the font it carries
 
 _STYLE = """
 body{font-family:sans-serif;max-width:75em;margin:2em auto;padding:0 1em}
@@ -186,6 +191,43 @@ def write(
         )
         parts.append(f"<h3>{html.escape(caption)}</h3><p>{spans}</p>{_side_by_side(explained)}")
     parts.append(_steps(steps, heading=steps_heading, score=score, query=query, x_title=x_title))
+    page = "\n".join(parts)
+    font = font_face(page)
+    if font:
+        page = page.replace(
+            f"<style>{_STYLE}", f"<style>{font}{_STYLE.replace('sans-serif', _FAMILIES)}", 1
+        )
     with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(parts))
+        f.write(page)
     return path
+
+
+_FAMILIES = f"'{CJK_FAMILY}',sans-serif"
+
+
+def font_face(page: str) -> str:
+    """An @font-face that carries the font the PNGs draw CJK text with (`plots.cjk_font_path`)
+    for a page that has CJK text; "" for one that has none, or without the font. A browser's
+    sans-serif may have no CJK glyphs (they rendered as boxes), and a font file beside the page
+    or in site-packages is refused to a page opened from disk in some browsers, so the font
+    travels inside the page: only the glyphs of the page's characters (tens of kB, not the
+    font's 16 MB), as a data: URL."""
+    path = plots.cjk_font_path()
+    if path is None or not chosen.cjk_share([page]):
+        return ""
+    from fontTools import subset  # matplotlib's own dependency
+
+    options = subset.Options()
+    options.layout_features = []  # horizontal text of single characters
+    options.name_IDs = ["*"]  # the font's name and licence (SIL OFL) travel with its glyphs
+    font = subset.load_font(path, options)
+    subsetter = subset.Subsetter(options)
+    subsetter.populate(text=page)
+    subsetter.subset(font)
+    out = io.BytesIO()
+    subset.save_font(font, out, options)
+    data = base64.b64encode(out.getvalue()).decode("ascii")
+    return (
+        f"@font-face{{font-family:'{CJK_FAMILY}';"
+        f"src:url(data:font/otf;base64,{data}) format('opentype')}}"
+    )

@@ -18,14 +18,20 @@ from experiments import workdirs
 from experiments.training import baseline, metrics
 
 
-@functools.cache
-def cjk_font_family() -> str | None:
-    """Registers the Noto Sans CJK font shipped by `mplfonts` (DejaVu has no CJK glyphs)."""
+def cjk_font_path() -> str | None:
+    """The Noto Sans CJK font shipped by `mplfonts` (DejaVu has no CJK glyphs); None without it."""
     spec = importlib.util.find_spec("mplfonts")
     if spec is None or not spec.submodule_search_locations:
         return None
     path = os.path.join(spec.submodule_search_locations[0], "fonts", "NotoSansCJKsc-Regular.otf")
-    if not os.path.exists(path):
+    return path if os.path.exists(path) else None
+
+
+@functools.cache
+def cjk_font_family() -> str | None:
+    """Registers `cjk_font_path`'s font with matplotlib; its family name, None without it."""
+    path = cjk_font_path()
+    if path is None:
         return None
     font_manager.fontManager.addfont(path)
     return font_manager.FontProperties(fname=path).get_name()

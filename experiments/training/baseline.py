@@ -8,6 +8,7 @@ accuracy on the curves.
 """
 
 import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
 
@@ -30,8 +31,11 @@ def tfidf_logreg(
     sublinear: bool = True,
     grid: Sequence[float] = GRID,
 ) -> dict:
-    """`splits` maps train/validation/test to (texts, int labels [N]). lbfgs: liblinear is
-    faster, but it also penalises the intercept, which cost 0.5 points on the embedded data."""
+    """`splits` maps train/validation/test to (texts, int labels [N]). newton-cg: the objective
+    lbfgs solves (liblinear also penalises the intercept, which cost 0.5 points on the embedded
+    data) in 3-5 Newton steps where lbfgs took 15-60 iterations over the 680k char n-grams of the
+    embedded data: its six fits took 279 s on a loaded machine, newton-cg's 53 s, with test
+    accuracy at the C chosen on validation 86.27% against 86.33% (one text of 1,726)."""
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
 
@@ -46,7 +50,8 @@ def tfidf_logreg(
     f_val, f_test = vec.transform(x_val), vec.transform(x_test)
     val_acc, models = {}, {}
     for c in grid:
-        models[c] = LogisticRegression(C=c, max_iter=2000).fit(f_train, y_train)
+        models[c] = LogisticRegression(C=c, solver="newton-cg", max_iter=2000)
+        models[c].fit(f_train, y_train)
         val_acc[c] = float((models[c].predict(f_val) == y_val).mean())
     best = max(grid, key=lambda c: val_acc[c])  # the smallest C of a tie: the simpler model
     return {
@@ -71,6 +76,15 @@ def fit_for_run(
     if os.path.exists(path):
         return workdirs.read_json(path)
     analyzer, ngrams = FEATURES[data_cfg.tokenizer]
+    # After the last validation line the bar sits at its end while this runs (over a minute on
+    # the default data): say what is running.
+    print(
+        f"baseline: fitting {analyzer} {ngrams[0]}-{ngrams[1]}-gram TF-IDF + logistic regression "
+        f"on {len(splits['train'][0]):,} training texts for {len(GRID)} values of C (seconds "
+        "to minutes; --config.train.baseline=False skips it)",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         result = tfidf_logreg(
             splits, analyzer=analyzer, ngrams=ngrams, lowercase=data_cfg.lowercase

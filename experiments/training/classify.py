@@ -17,7 +17,7 @@ import optax
 
 from attn import classifier
 from experiments import fields, parallel, workdirs
-from experiments.data import batching, encoding
+from experiments.data import batching, encoding, scripts
 from experiments.data.splits import SPLITS
 from experiments.training import (
     bag_prior,
@@ -291,5 +291,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         texts = {name: (data.splits[name].texts, data.splits[name].labels) for name in SPLITS}
         result["baseline"] = baseline.fit_for_run(d, texts, workdir)
     if primary:
+        shares = os.path.join(workdir, scripts.SCRIPTS_FILE)
+        if not os.path.exists(shares):  # for predict: the scripts the model has read
+            workdirs.write_json(shares, scripts.script_shares(train.texts))
         workdirs.write_json(os.path.join(workdir, "eval_test.json"), result)
     return result

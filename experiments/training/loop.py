@@ -8,12 +8,13 @@ step's metrics read one step late, evaluate on validation and keep the best chec
 stopped early finds the stop in its last checkpoint and does not train on.
 """
 
+import collections
 import dataclasses
 import itertools
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -78,40 +79,70 @@ def run(r: Run) -> Any:
     return best_state
 
 
-PROBE_BATCHES = 4  # batches the expected time is measured on
 PROBE_MIN_STEPS = 50  # a shorter run goes without the estimate
+PROBE_SHAPES_FROM = 1000  # batches whose padded shapes give the mix the estimate weighs
+PROBE_REPEATS = 2  # timed steps per shape, after the one that compiles it
 
 
 def _expected_time(r: Run, state: Any, start: int) -> str | None:
-    """How long the steps left should take, measured before they start: the step timed on a
-    copy of the state with the run's next few batches, each compiled first (as the run would
-    compile it). None for a run with few steps left."""
+    """How long the steps left should take, measured before they start. A step's time depends on
+    its batch's padded length, and the few longest buckets cost the most: timing the next few
+    batches missed them and promised half the real time. So the mix of shapes comes from the
+    next batches (host arrays, cheap), and one batch of each shape is timed on a copy of the state,
+    compiled first as the run would compile it. None for a run with few steps left."""
     left = r.total_steps - start
     if left < PROBE_MIN_STEPS:
         return None
-    seconds = []
-    for batch in itertools.islice(r.batches(start), PROBE_BATCHES):
+    counts: collections.Counter = collections.Counter()
+    first: dict[tuple, dict] = {}
+    for batch in itertools.islice(r.batches(start), min(left, PROBE_SHAPES_FROM)):
+        shape = tuple(sorted((k, v.shape) for k, v in batch.items()))
+        counts[shape] += 1
+        first.setdefault(shape, batch)
+    seconds = {}
+    for shape, batch in first.items():
         batch = r.dp.put(batch)
-        for timed in (False, True):
+        seconds[shape] = []
+        for timed in [False] + [True] * PROBE_REPEATS:
             copy = jax.tree.map(jnp.copy, state)  # the step donates it
             tic = time.perf_counter()
             jax.block_until_ready(r.step(copy, batch))
             if timed:
-                seconds.append(time.perf_counter() - tic)
-    per_step = sum(seconds) / len(seconds)
-    evaluations = left // r.config.train.eval_every_steps
+                seconds[shape].append(time.perf_counter() - tic)
+    return expected_time(counts, seconds, left, left // r.config.train.eval_every_steps)
+
+
+def expected_time(
+    counts: Mapping[Hashable, int],
+    seconds: Mapping[Hashable, Sequence[float]],
+    left: int,
+    evaluations: int,
+) -> str:
+    """The line that says what to expect: `left` steps whose batches come in shapes with these
+    `counts`, each shape timed `seconds` (a few repeats), as a range: the fastest and the slowest
+    repeat of each shape, weighed by how often it comes. It holds while the machine stays as busy
+    as when it was measured; the progress bar's remaining time follows the real pace."""
+    total = sum(counts.values())
+    low, high = (
+        sum(n * pick(seconds[shape]) for shape, n in counts.items()) / total for pick in (min, max)
+    )
     return (
-        f"expected: about {_duration(per_step * left)} for {left:,} steps ({per_step:.2f} s a "
-        f"step on {len(seconds)} of its batches), plus {evaluations} evaluations"
+        f"expected: {_duration_range(low * left, high * left)} for {left:,} steps at the machine's "
+        f"present load ({low:.2f}-{high:.2f} s a step over its {len(counts)} batch shapes), plus "
+        f"{evaluations} evaluations"
     )
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+def _duration_range(low: float, high: float) -> str:
+    """`low`-`high` seconds in the unit that suits `high`: "40-55 s", "4-6 min", "1.2-1.5 h"."""
+    if high < 90:
+        unit, scale, digits = "s", 1, 0
+    elif high < 90 * 60:
+        unit, scale, digits = "min", 60, 0
+    else:
+        unit, scale, digits = "h", 3600, 1
+    lo, hi = (f"{x / scale:.{digits}f}" for x in (low, high))
+    return f"about {hi} {unit}" if lo == hi else f"{lo}-{hi} {unit}"
 
 
 def _steps(r: Run, state: Any, meta: dict, start: int, last, best) -> None:

@@ -82,6 +82,10 @@ class Progress(contextlib.AbstractContextManager):
             desc="train",
             unit="step",
             mininterval=1,
+            # The remaining time from the average pace since the first step, not tqdm's recent
+            # one: batches of random padded lengths and the evaluations between them made that
+            # swing by a factor of several from one second to the next.
+            smoothing=0,
             disable=not primary,
         )
         self.window = Window()
