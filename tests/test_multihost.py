@@ -213,12 +213,12 @@ def test_a_process_late_at_its_first_collective_is_waited_for(tmp_path):
 # shutdown as a lost coordinator and exited 1.
 _LATE_PROCESS_0 = """
 import sys, time
-from experiments import distributed
+from experiments import parallel
 port, pid = sys.argv[1], int(sys.argv[2])
-distributed.initialize(f"127.0.0.1:{port}", 2, pid, timeout=3)
+parallel.initialize(f"127.0.0.1:{port}", 2, pid, timeout=3)
 if pid == 0:
     time.sleep(9)
-distributed.finish()
+parallel.finish()
 time.sleep(3)
 print("finished", pid)
 """

@@ -65,7 +65,8 @@ def test_importing_the_project_keeps_the_matplotlib_backend():
     """A notebook's inline backend survives the imports the notebook makes."""
     code = (
         "import matplotlib; matplotlib.use('svg')\n"
-        "from experiments import evaluate, plots, step_plots, train, visualize\n"
+        "from experiments import evaluate, train, visualize\n"
+        "from experiments.explain import plots, step_plots\n"
         "print(matplotlib.get_backend())"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)

@@ -138,7 +138,7 @@ def test_attn_runs_with_only_its_declared_dependencies(tmp_path):
     assert proc.stdout.split() == ["(5,", "8)", "5.0", "False"]
     # The same path lacks what attn does not declare, so the check above can fail.
     proc = run("import attn.flax_interop")
-    assert "No module named 'flax'" in proc.stderr
+    assert 'needs Flax, which is not installed: pip install "attn[flax]"' in proc.stderr
 
 
 def test_experiments_top_level_holds_the_commands_and_at_most_six_shared_modules():
