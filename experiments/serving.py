@@ -46,10 +46,7 @@ def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
     if not os.path.exists(config_path):
         raise UserError(f"{workdir!r} has no config.json; is it a training workdir?")
     config = workdirs.read_config(config_path)
-    step = checkpoints.latest_step(workdir, which)
-    if step is None and which == checkpoints.BEST:  # a run stopped before its first evaluation
-        which = checkpoints.LAST
-        step = checkpoints.latest_step(workdir, which)
+    which, step = checkpoints.kept(workdir, which)
     if step is None:
         raise UserError(f"{workdir!r} holds no checkpoint yet; train (or resume) first")
     with checkpoints.reader(workdir, which) as mngr:

@@ -92,6 +92,15 @@ def latest_step(workdir: str, which: str) -> int | None:
         return mngr.latest_step()
 
 
+def kept(workdir: str, which: str = BEST) -> tuple[str, int | None]:
+    """(which, step) of the checkpoint a trained workdir offers: `which`'s newest, or for BEST in
+    a run stopped before its first evaluation, the last one; step None when there is none."""
+    step = latest_step(workdir, which)
+    if step is None and which == BEST:
+        which, step = LAST, latest_step(workdir, LAST)
+    return which, step
+
+
 def save(mngr: ocp.CheckpointManager, step: int, state: Any, meta: dict) -> None:
     """Saves `step`, replacing one that exists: a run killed after its best-checkpoint save but
     before the next `checkpoints/` save resumes from an earlier step and redoes it identically."""

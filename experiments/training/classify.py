@@ -215,13 +215,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     the encoder into WORKDIR/pretrain (`masked_tokens.pretrain`) and starts from there.
     """
     fields.check(config)
-    if masked_tokens.requested(config):
-        masked_tokens.loop_config(config)
     start_from = config.model.init_from
-    if not start_from and masked_tokens.requested(config):
-        start_from = os.path.join(workdir, "pretrain")
-        workdirs.check_writable(workdir)
-        masked_tokens.pretrain(config, start_from)
+    if masked_tokens.requested(config):
+        masked_tokens.loop_config(config)  # how long to pretrain: checked before any data is read
+        if not start_from:
+            start_from = os.path.join(workdir, "pretrain")
+            workdirs.check_writable(workdir)
+            masked_tokens.pretrain(config, start_from)
     s = setup.start(config, workdir, start_from)
     config, d, o = s.config, s.config.data, s.config.optim
     pre = finetune.load(config) if finetune.requested(config) else None

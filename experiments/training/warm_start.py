@@ -73,10 +73,7 @@ def source(workdir: str) -> Source:
     if not os.path.exists(os.path.join(workdir, "config.json")):
         raise UserError(f"{named} has no config.json; is it a training or pretraining workdir?")
     config = workdirs.read_config(os.path.join(workdir, "config.json"))
-    which = checkpoints.BEST
-    step = checkpoints.latest_step(workdir, which)
-    if step is None:
-        which, step = checkpoints.LAST, checkpoints.latest_step(workdir, checkpoints.LAST)
+    which, step = checkpoints.kept(workdir)
     if step is None:
         raise UserError(f"{named} holds no checkpoint yet; let its run save one first")
     with checkpoints.reader(workdir, which) as mngr:
