@@ -73,6 +73,7 @@ __all__ = [
     "Config",
     "embed",
     "encode",
+    "first_layers",
     "init",
     "load",
     "param_count",
@@ -251,10 +252,12 @@ def _check_inputs(
             f"{cfg.max_positions - cfg.position_offset} tokens"
         )
     table = params["embed"]["tokens"].shape
-    if table != (cfg.vocab_size, cfg.d_model) or f"layer_{cfg.num_layers - 1}" not in params:
+    layers_ = sum(k.startswith("layer_") for k in params)
+    if table != (cfg.vocab_size, cfg.d_model) or layers_ != cfg.num_layers:
         raise ValueError(
             f"params do not fit the config: embed.tokens is {table}, config says "
-            f"({cfg.vocab_size}, {cfg.d_model}) and {cfg.num_layers} layers"
+            f"({cfg.vocab_size}, {cfg.d_model}) and {cfg.num_layers} layers (params have "
+            f"{layers_})"
         )
     return ids_BxL, mask_BxL, types_BxL
 
@@ -360,6 +363,16 @@ def pool(params: dict, h_BxLxD: jax.Array) -> jax.Array:
     if "pooler" not in params:
         raise ValueError("these params have no pooler (the checkpoint had none); mean-pool instead")
     return jnp.tanh(layers.dense(params["pooler"], h_BxLxD[:, 0]))
+
+
+def first_layers(params: dict, cfg: Config, n: int) -> tuple[dict, Config]:
+    """The encoder of the first n blocks: (params without layer_n ..., cfg with num_layers=n).
+    n=0 keeps the embeddings alone, so encode returns the embedded tokens (attention off); the
+    pooler, if any, stays and then reads the embedded first token."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= cfg.num_layers:
+        raise ValueError(f"first_layers: n must be an integer in [0, {cfg.num_layers}]; got {n!r}")
+    kept = {k: v for k, v in params.items() if not k.startswith("layer_") or int(k[6:]) < n}
+    return kept, dataclasses.replace(cfg, num_layers=n)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -71,6 +71,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.init_from = ""  # a workdir whose encoder and tokenizer the run starts from
     config.model.embeddings_from = ""  # a word-vector file the token embeddings start from
     config.model.pretrained = ""  # a BERT-family checkpoint directory to fine-tune (finetune.py)
+    config.model.pretrained_layers = -1  # its first N layers (0: embeddings alone); -1 = all
+    config.model.pretrained_init = "checkpoint"  # or "random": its architecture, random weights
 
     config.optim = ml_collections.ConfigDict()
     config.optim.learning_rate = 5e-3  # tuned on validation: 1e-3 < 2e-3 < 5e-3

@@ -217,6 +217,18 @@ FIELDS: dict[str, Field] = {
         "replace the other model fields; empty = attn's own classifier",
         before="",
     ),
+    "model.pretrained_layers": Field(
+        "keep model.pretrained's first N layers; 0 = its embeddings alone, pooled (attention "
+        "off); -1 = all",
+        check=integer(lambda v: v >= -1, "an integer >= -1"),
+        before=-1,
+    ),
+    "model.pretrained_init": Field(
+        "checkpoint = model.pretrained's weights; random = its architecture and tokenizer with "
+        "random weights (what pretraining is worth)",
+        check=one_of("checkpoint", "random"),
+        before="checkpoint",
+    ),
     "model.embeddings_from": Field(
         "start the token embeddings from this word-vector file (word2vec, GloVe or fastText text "
         "format, .gz too); empty = random",
@@ -416,6 +428,9 @@ def check(config: ml_collections.ConfigDict) -> None:
     if config.model.pretrained:
         check_pretrained(config)
         return
+    for name, off in (("pretrained_layers", -1), ("pretrained_init", "checkpoint")):
+        if config.model[name] != off:
+            raise UserError(f"model.{name} needs a pretrained encoder: set model.pretrained")
     if config.optim.layer_decay != 1:
         raise UserError("optim.layer_decay needs a pretrained encoder: set model.pretrained")
     check_model(config)

@@ -72,6 +72,28 @@ def test_numpy_oracle_matches_transformers_and_attn():
     assert _real_max_diff(_encode(params, cfg, g), r, g["mask"]) < TOL
 
 
+@pytest.mark.parametrize("n", [0, 1])
+def test_the_first_layers_are_the_oracles_shallower_encoder(n):
+    """first_layers(n) computes what a checkpoint of n layers would: the oracle told
+    num_hidden_layers=n (n=0: the embeddings' LayerNorm alone)."""
+    g = _golden("bert")
+    hf = json.loads((DATA / "tiny_bert" / "config.json").read_text(encoding="utf-8"))
+    params, cfg = bert.load(DATA / "tiny_bert")
+    assert cfg.num_layers > n
+    kept, cut = bert.first_layers(params, cfg, n)
+    assert cut.num_layers == n and sorted(k for k in kept if k.startswith("layer_")) == [
+        f"layer_{i}" for i in range(n)
+    ]
+    tensors = load_file(DATA / "tiny_bert" / "model.safetensors")
+    r = reference.bert(tensors, {**hf, "num_hidden_layers": n}, **_inputs(g))
+    assert _real_max_diff(_encode(kept, cut, g), r, g["mask"]) < TOL
+    assert _real_max_diff(_encode(params, cfg, g), r, g["mask"]) > 100 * TOL
+    with pytest.raises(ValueError, match="params do not fit"):
+        _encode(kept, cfg, g)  # the cut params under the full config
+    with pytest.raises(ValueError, match=r"first_layers: n must be an integer in \[0, 2\]"):
+        bert.first_layers(params, cfg, cfg.num_layers + 1)
+
+
 def _inputs(g: dict) -> dict:
     return {"ids": g["ids"], "mask": g["mask"], "types": g["types"]}
 

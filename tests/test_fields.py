@@ -58,6 +58,8 @@ def test_an_unknown_or_missing_field_is_refused_by_name():
         ("optim.max_nonfinite", True, "an integer >= 1"),
         ("optim.clip_norm", 0.0, "> 0"),
         ("optim.bag_init", "nb", "one of ('zeros', 'naive_bayes')"),
+        ("model.pretrained_layers", -2, "an integer >= -1"),
+        ("model.pretrained_init", "hub", "one of ('checkpoint', 'random')"),
         ("train.patience", -1, "an integer >= 0"),
         ("pretrain.mask_rate", 1.0, "in (0, 1)"),
         ("pretrain.head_vocab", 2, "0 or > 3"),
@@ -74,9 +76,23 @@ def test_values_out_of_range_are_named(name, value, fragment):
 
 
 def test_the_model_fields_that_are_not_the_model_are_read_from_the_table():
-    assert fields.run_fields() == ("init_from", "pretrained", "embeddings_from")
+    assert fields.run_fields() == (
+        "init_from",
+        "pretrained",
+        "pretrained_layers",
+        "pretrained_init",
+        "embeddings_from",
+    )
     cfg = fields.model_config(default.get_config(), vocab_size=10, num_classes=2)
     assert not hasattr(cfg, "init_from") and cfg.d_model == default.get_config().model.d_model
+
+
+@pytest.mark.parametrize("name, value", [("pretrained_layers", 0), ("pretrained_init", "random")])
+def test_what_only_a_pretrained_encoder_has_is_refused_without_one(name, value):
+    config = default.get_config()
+    config.model[name] = value
+    with pytest.raises(UserError, match=rf"model\.{name} needs a pretrained encoder"):
+        fields.check(config)
 
 
 def _with_new_fields(monkeypatch):

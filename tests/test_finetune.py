@@ -172,6 +172,30 @@ def test_the_run_starts_from_the_checkpoint_bit_for_bit(csv, tmp_path):
     assert not np.array_equal(state["params"]["head"]["w"], head0["head"]["w"])
 
 
+def test_attention_off_and_random_weights_train_through_the_same_command(csv, tmp_path):
+    """pretrained_layers=0 trains the checkpoint's embeddings alone, pooled (the served config
+    says 0 layers); pretrained_init=random starts the same architecture from random weights."""
+    loaded, enc = bert.load(TINY_BERT)
+    off = str(tmp_path / "off")
+    train.train_and_evaluate(
+        _config(csv, model__pretrained_layers=0, train__max_steps=3, optim__warm_lr_scale=0.0),
+        off,
+    )
+    state = saved_state(off, 3)
+    assert sorted(state["params"]["encoder"]) == sorted(k for k in loaded if k[:6] != "layer_")
+    assert_trees_equal(state["params"]["encoder"]["embed"], loaded["embed"])
+    assert serving.load(off).cfg.encoder.num_layers == 0
+    rand = _config(csv, model__pretrained_init="random")
+    pre = finetune.load(rand)
+    assert pre.random and pre.describe().startswith("training from random weights")
+    params = finetune.init_params(pre, finetune.model_config(rand, enc, 2))(jax.random.key(0), True)
+    assert jax.tree.structure(params["encoder"]) == jax.tree.structure(loaded)
+    assert not np.array_equal(params["encoder"]["embed"]["tokens"], loaded["embed"]["tokens"])
+    assert finetune.load(_config(csv, model__pretrained_layers=1)).encoder.num_layers == 1
+    with pytest.raises(UserError, match="pretrained_layers=3: .* has 2 layers"):
+        finetune.load(_config(csv, model__pretrained_layers=3))
+
+
 def test_layer_decay_and_the_linear_schedule():
     scales = finetune.layer_scales(num_layers=2, decay=0.5)
     params = {

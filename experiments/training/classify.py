@@ -279,7 +279,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         evaluate=lambda state: split_metrics(state, validation),
         ema=o.ema_decay > 0,
         summary=pre.describe() if pre else "",
-        warm=finetune.warm if pre else None,
+        warm=finetune.warm if pre and not pre.random else None,
         lr_scales=finetune.layer_scales(pre.encoder.num_layers, o.layer_decay) if pre else None,
     )
     best_state = setup.train(s, task, workdir)

@@ -2,7 +2,8 @@
 objective (`classify`) needs to train `attn.bert_classifier` instead of `attn.classifier`,
 through the same setup, loop, checkpoints and commands.
 
-`load` reads the checkpoint (`attn.bert.load`) and its own tokenizer (`checkpoint_tokenizer`);
+`load` reads the checkpoint (`attn.bert.load`; its first model.pretrained_layers, random weights
+with model.pretrained_init=random) and its own tokenizer (`checkpoint_tokenizer`);
 `model_config` makes the frozen `bert_classifier.Config` from it and config.model (pooling, the
 head's dropout, the attention implementation, dtype); `init_params` puts the checkpoint's encoder,
 exactly as stored, beside a fresh head; `warm` marks the encoder for optim.warm_lr_scale and
@@ -43,11 +44,13 @@ class Pretrained:
     params: dict
     encoder: bert.Config
     tokenizer: checkpoint_tokenizer.CheckpointTokenizer
+    random: bool = False  # model.pretrained_init=random: its architecture, random weights
 
     def describe(self) -> str:
         e = self.encoder
+        start = "training from random weights" if self.random else "fine-tuning"
         return (
-            f"fine-tuning {self.directory}: {e.num_layers} layers, d_model {e.d_model}, "
+            f"{start} {self.directory}: {e.num_layers} layers, d_model {e.d_model}, "
             f"{e.num_heads} heads, d_ff {e.d_ff}, {bert.param_count(self.params):,} parameters, "
             f"vocabulary {e.vocab_size}, dropout {e.dropout}/{e.attention_dropout} (its own)"
         )
@@ -61,12 +64,19 @@ def load(config: ml_collections.ConfigDict) -> Pretrained:
         params, enc = bert.load(directory)
     except bert.CheckpointError as e:
         raise UserError(f"model.pretrained: {e}") from None
+    keep = config.model.pretrained_layers
+    if keep > enc.num_layers:
+        raise UserError(
+            f"model.pretrained_layers={keep}: {directory!r} has {enc.num_layers} layers"
+        )
+    if keep >= 0:
+        params, enc = bert.first_layers(params, enc, keep)
     if tok.vocab_size > enc.vocab_size:
         raise UserError(
             f"model.pretrained={directory!r}: its tokenizer has {tok.vocab_size} ids but the "
             f"encoder's table only {enc.vocab_size} rows"
         )
-    return Pretrained(directory, params, enc, tok)
+    return Pretrained(directory, params, enc, tok, config.model.pretrained_init == "random")
 
 
 def model_config(
@@ -98,12 +108,12 @@ def model_config(
 
 
 def init_params(pre: Pretrained, cfg: bert_classifier.Config) -> Callable[[jax.Array, bool], dict]:
-    """(key, fresh) -> params: the checkpoint's encoder as stored and a fresh head (a resumed
-    run's are overwritten, so it gets random ones of the same shapes)."""
+    """(key, fresh) -> params: the checkpoint's encoder as stored (random with pre.random) and a
+    fresh head (a resumed run's are overwritten, so it gets random ones of the same shapes)."""
 
     def make(key: jax.Array, fresh: bool) -> dict:
         params = bert_classifier.init(key, cfg)
-        if fresh:
+        if fresh and not pre.random:
             params["encoder"] = pre.params
         return params
 
