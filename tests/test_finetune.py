@@ -6,6 +6,7 @@ import json
 import os
 import random
 import shutil
+import types
 from pathlib import Path
 
 import jax
@@ -248,6 +249,12 @@ def test_the_checkpoints_tokenizer_round_trips_through_the_workdir(tmp_path, sou
     # Framed and cut as training does: [CLS], head and tail of the text, [SEP].
     (cut,) = encoding.encode(back, [text], max_len=10, add_cls=False, tail_len=3)
     assert cut.tolist() == [6, *ids[:5], *ids[-3:], 7]
+    # What the bag reads of it (data.bag_len) is framed alike, with the same share of the end
+    # (12 of the 14 after the frame, 3/8 of them: 4), and no attn CLS even with [CLS] pooling.
+    data = types.SimpleNamespace(max_len=10, tail_len=3, bag_len=14)
+    split = encoding.encode_split(back, [text], np.zeros(1, np.int32), data, add_cls=True)
+    assert split.ids[0].tolist() == cut.tolist() and len(ids) > 12
+    assert split.bag_ids[0].tolist() == [6, *ids[:8], *ids[-4:], 7]
 
 
 def test_a_tokenizer_that_does_not_pad_with_0_is_refused(tmp_path):
