@@ -10,6 +10,9 @@ Features: each distinct bucket id of a row (per n-gram order) counts once, paddi
 is L2-normalised, weight 1/√(number of distinct n-grams), as TF-IDF rows are. logits [B, C] =
 Σ_o Σ_{distinct ids i in row b} table[i] / √count_b.
 
+The bucket ids are hashed n-grams of token ids (`ngram_buckets`), whatever the tokenizer: attn's
+own ids or a pretrained checkpoint's WordPiece ids.
+
 The table may start from naive Bayes log-count ratios of the training split (`document_counts`,
 `naive_bayes_table`): NBSVM's features (Wang & Manning 2012), here a starting point that training
 moves on from, instead of zeros.
@@ -18,9 +21,42 @@ moves on from, instead of zeros.
 import jax
 import jax.numpy as jnp
 
-__all__ = ["document_counts", "logits", "naive_bayes_table", "weights"]
+__all__ = [
+    "document_counts",
+    "logits",
+    "naive_bayes_table",
+    "ngram_buckets",
+    "weights",
+]
 
 _NONE = -1  # the id that marks a padding position once ids are sorted
+
+
+def _fmix32(h: jax.Array) -> jax.Array:
+    """MurmurHash3 finaliser: spreads every input bit over the low bits the modulo keeps."""
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def ngram_buckets(tokens_BxL: jax.Array, orders: tuple[int, ...], buckets: int) -> jax.Array:
+    """Bucket ids [len(orders), B, L] of the n-gram of token ids ending at each position.
+
+    Ids before the sequence start count as padding (0). FNV-1a over whole ids (uint32
+    wrap-around), seeded with the order so a bigram and a trigram of the same ids land in
+    different buckets.
+    """
+    t_BxL = tokens_BxL.astype(jnp.uint32)
+    out = []
+    for n in orders:
+        h_BxL = jnp.full(t_BxL.shape, 2166136261 ^ n, jnp.uint32)
+        for back in range(n - 1, -1, -1):  # oldest token first
+            prev_BxL = jnp.pad(t_BxL, ((0, 0), (back, 0)))[:, : t_BxL.shape[1]]
+            h_BxL = (h_BxL ^ prev_BxL) * jnp.uint32(16777619)
+        out.append(_fmix32(h_BxL) % jnp.uint32(buckets))
+    return jnp.stack(out).astype(jnp.int32)
 
 
 def weights(ids_OxBxL: jax.Array, real_BxL: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -5,10 +5,15 @@ linear head, for fine-tuning a pretrained checkpoint.
     v = pooler(h) | h[:, 0] | mean(h, real)   [B, D]   pooling "cls" (the pooler when the
                                                        checkpoint has one) or "mean"
     logits = W Dropout(v) + b                 [B, C]
+           (+ bag.logits(ids)                 [B, C]   with bag_buckets > 0)
+
+With bag_buckets > 0, the logits of `attn.bag` (a linear model on the bag of hashed n-grams of the
+checkpoint's token ids) are added to the head's, as `attn.classifier` adds them to its own: the
+encoder reads the text in context, the bag every distinct n-gram of it, however long.
 
 Params (plain dicts, float32): {"encoder": `bert.init`'s or `bert.load`'s params,
-"head": {"w": [D, C], "b": [C]}}. Token id 0 is padding (the mask is ids != 0): the
-pretrained tokenizers this serves pad with id 0, as BERT's [PAD] is.
+"head": {"w": [D, C], "b": [C]}, "bag": [bag_buckets, C] if bag_buckets}. Token id 0 is padding
+(the mask is ids != 0): the pretrained tokenizers this serves pad with id 0, as BERT's [PAD] is.
 
 `apply` has `attn.classifier.apply`'s signature and aux, so one train step and evaluation serve
 both models.
@@ -21,10 +26,10 @@ import numbers
 import jax
 import jax.numpy as jnp
 
-from attn import bert, layers, pooling
+from attn import bag, bert, layers, pooling
 from attn.attention import IMPLEMENTATIONS, attention
 
-__all__ = ["PAD", "POOLINGS", "Config", "apply", "attend", "init"]
+__all__ = ["PAD", "POOLINGS", "Config", "apply", "attend", "bag_ids", "init"]
 
 PAD = 0
 POOLINGS = ("cls", "mean")
@@ -41,11 +46,14 @@ class Config:
     pooling: str = "mean"  # "cls" (the pooler when the checkpoint has one, else [CLS]) | "mean"
     dropout: float = 0.1  # on the pooled vector
     implementation: str = "matrix"  # attention's: "matrix" | "chunked" | "xla"
+    bag_buckets: int = 0  # >0 adds the logits of a linear model on the bag of hashed n-grams
+    bag_orders: tuple[int, ...] = (1, 2)
+    bag_dropout: float = 0.0  # drops whole n-grams from the bag in training
 
     def __post_init__(self):
         if not isinstance(self.encoder, bert.Config):
             raise ValueError(f"Config.encoder must be an attn.bert.Config; got {self.encoder!r}")
-        for name, lo in (("num_classes", 2), ("max_len", 1)):
+        for name, lo in (("num_classes", 2), ("max_len", 1), ("bag_buckets", 0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
                 raise ValueError(f"Config.{name} must be an integer >= {lo}; got {v!r}")
@@ -58,10 +66,24 @@ class Config:
             )
         if self.pooling not in POOLINGS:
             raise ValueError(f"Config.pooling must be one of {POOLINGS}; got {self.pooling!r}")
-        d = self.dropout
-        if isinstance(d, bool) or not isinstance(d, numbers.Real) or not 0.0 <= d < 1.0:
-            raise ValueError(f"Config.dropout must be a float in [0, 1); got {d!r}")
-        object.__setattr__(self, "dropout", float(d))
+        for name in ("dropout", "bag_dropout"):
+            d = getattr(self, name)
+            if isinstance(d, bool) or not isinstance(d, numbers.Real) or not 0.0 <= d < 1.0:
+                raise ValueError(f"Config.{name} must be a float in [0, 1); got {d!r}")
+            object.__setattr__(self, name, float(d))
+        o = self.bag_orders
+        if (
+            isinstance(o, str | bytes)
+            or not hasattr(o, "__iter__")
+            or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in o)
+            or any(n < 1 for n in o)
+            or len(set(o)) != len(o)
+            or (self.bag_buckets > 0 and len(o) == 0)
+        ):
+            raise ValueError(
+                f"Config.bag_orders must be a non-empty tuple of distinct integers >= 1; got {o!r}"
+            )
+        object.__setattr__(self, "bag_orders", tuple(int(n) for n in o))  # a list from JSON
         if self.implementation not in IMPLEMENTATIONS:
             raise ValueError(
                 f"Config.implementation must be one of {IMPLEMENTATIONS}; got "
@@ -82,14 +104,24 @@ def attend(implementation: str):
 
 def init(key: jax.Array, cfg: Config) -> dict:
     """Random params: `bert.init`'s encoder and a head ~ N(0, initializer_range²), bias 0 (as
-    ...ForSequenceClassification draws it). Fine-tuning puts a checkpoint's encoder in."""
+    ...ForSequenceClassification draws it), and the bag's table 0 when bag_buckets > 0 (no key
+    drawn, so the other params are those of the config without it). Fine-tuning puts a
+    checkpoint's encoder in."""
     k_enc, k_head = jax.random.split(key)
     e = cfg.encoder
     w = e.initializer_range * jax.random.normal(k_head, (e.d_model, cfg.num_classes), jnp.float32)
-    return {
+    params = {
         "encoder": bert.init(k_enc, e),
         "head": {"w": w, "b": jnp.zeros((cfg.num_classes,), jnp.float32)},
     }
+    if cfg.bag_buckets:
+        params["bag"] = jnp.zeros((cfg.bag_buckets, cfg.num_classes), jnp.float32)
+    return params
+
+
+def bag_ids(tokens_BxL: jax.Array, cfg: Config) -> jax.Array:
+    """The bag's bucket ids [len(bag_orders), B, L] of token ids [B, L] (`bag.ngram_buckets`)."""
+    return bag.ngram_buckets(tokens_BxL, cfg.bag_orders, cfg.bag_buckets)
 
 
 def apply(
@@ -104,10 +136,14 @@ def apply(
 ) -> tuple[jax.Array, dict]:
     """Int token ids [B, L] (0 = padding) -> (logits [B, C] float32, aux) with
     `attn.classifier.apply`'s aux: {"attention": per-layer [B, H, L, L] or None, "pool_weights":
-    None, "penalty": 0}. embed_delta_BxLxD and bag_tokens_BxG exist for that signature: this model
-    has neither an adversarial input nor a bag, and refuses them."""
-    if embed_delta_BxLxD is not None or bag_tokens_BxG is not None:
-        raise ValueError("bert_classifier: no adversarial embedding delta and no bag")
+    None, "penalty": 0}.
+
+    bag_tokens_BxG, if given, is what the bag reads instead of tokens_BxL (more of each text,
+    G >= L); without a bag it is ignored, as `attn.classifier.apply` ignores it.
+    embed_delta_BxLxD exists for that signature: this model has no adversarial input, and
+    refuses it."""
+    if embed_delta_BxLxD is not None:
+        raise ValueError("bert_classifier: no adversarial embedding delta")
     if train and rng is None:
         raise ValueError("bert_classifier: train=True needs an rng key for dropout; got rng=None")
     tokens_BxL = jnp.asarray(tokens_BxL)
@@ -132,6 +168,18 @@ def apply(
     v_BxD = layers.dropout(v_BxD.astype(jnp.float32), cfg.dropout, train=train, rng=r_pool)
     h = params["head"]
     logits_BxC = v_BxD @ h["w"] + h["b"]
+    if cfg.bag_buckets:
+        read_BxG = tokens_BxL if bag_tokens_BxG is None else jnp.asarray(bag_tokens_BxG)
+        # fold_in rather than a third split: configs without the bag keep their random streams.
+        r_bag = jax.random.fold_in(rng, 1) if train else None
+        logits_BxC = logits_BxC + bag.logits(
+            params["bag"],
+            bag_ids(read_BxG, cfg),
+            read_BxG != PAD,
+            dropout=cfg.bag_dropout,
+            train=train,
+            rng=r_bag,
+        )
     no_weights = any(w is None for w in weights)
     aux = {
         "attention": None if no_weights else tuple(weights),

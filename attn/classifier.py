@@ -36,6 +36,7 @@ __all__ = [
 ]
 
 PAD, UNK = 0, 1
+ngram_buckets = bag.ngram_buckets  # the hashing of the n-gram embeddings and of the bag
 POSITIONS = ("learned", "sinusoidal", "none")
 POOLINGS = ("cls", "mean", "max", "structured")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -184,32 +185,6 @@ def init(key: jax.Array, cfg: ModelConfig) -> dict:
     if cfg.bag_buckets:
         params["bag"] = jnp.zeros((cfg.bag_buckets, cfg.num_classes), jnp.float32)  # as ngrams
     return params
-
-
-def _fmix32(h: jax.Array) -> jax.Array:
-    """MurmurHash3 finaliser: spreads every input bit over the low bits the modulo keeps."""
-    h = h ^ (h >> 16)
-    h = h * jnp.uint32(0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = h * jnp.uint32(0xC2B2AE35)
-    return h ^ (h >> 16)
-
-
-def ngram_buckets(tokens_BxL: jax.Array, orders: tuple[int, ...], buckets: int) -> jax.Array:
-    """Bucket ids [len(orders), B, L] of the n-gram of token ids ending at each position.
-
-    Ids before the sequence start count as PAD. FNV-1a over whole ids (uint32 wrap-around), seeded
-    with the order so a bigram and a trigram of the same ids land in different buckets.
-    """
-    t_BxL = tokens_BxL.astype(jnp.uint32)
-    out = []
-    for n in orders:
-        h_BxL = jnp.full(t_BxL.shape, 2166136261 ^ n, jnp.uint32)
-        for back in range(n - 1, -1, -1):  # oldest token first
-            prev_BxL = jnp.pad(t_BxL, ((0, 0), (back, 0)))[:, : t_BxL.shape[1]]
-            h_BxL = (h_BxL ^ prev_BxL) * jnp.uint32(16777619)
-        out.append(_fmix32(h_BxL) % jnp.uint32(buckets))
-    return jnp.stack(out).astype(jnp.int32)
 
 
 def bag_ids(tokens_BxL: jax.Array, cfg: ModelConfig) -> jax.Array:

@@ -25,6 +25,11 @@ Variants (`configs/finetune.py:<arg>`):
   imdb    TFDS imdb_reviews (or --config.data.path=/path/to/aclImdb), 256 tokens: the first 64
           and last 192 of a longer review, 2 epochs. Not measured yet.
   sst2    TFDS glue/sst2, 64 tokens, 2 epochs. Not measured yet.
+  bag     your file, as (none), plus configs/csv.py's bag: a linear model on the bag of hashed
+          1-2-grams of the checkpoint's token ids (2^20 buckets) whose logits are added to the
+          head's, its table started from naive Bayes log-count ratios of the training split. It
+          reads what the encoder reads; --config.data.bag_len=-1 lets it read up to the
+          99th-percentile length (the encoder then reads at most 256 tokens). Not measured yet.
   tiny    a few steps at 32 tokens, for tests (tests/data/bert/tiny_bert).
 visualize, faithfulness and predict --explain do not serve a fine-tuned encoder; predict's
 most-attended tokens are its last layer's attention, averaged over heads and queries.
@@ -36,7 +41,7 @@ from configs import common, default
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    common.check_variant(arg, ("tiny", "imdb", "sst2"), __file__)
+    common.check_variant(arg, ("tiny", "imdb", "sst2", "bag"), __file__)
     config = default.get_config("tiny" if arg == "tiny" else None)
     with config.unlocked():
         config.model.pretrained = ""  # required: --config.model.pretrained=DIR
@@ -46,7 +51,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.model.dropout = 0.1
         # What the checkpoint's encoder does not have (fields.PRETRAINED_OFF).
         config.model.ngram_buckets = 0
-        config.model.bag_buckets = 0
         config.optim.adversarial_eps = 0.0
         config.optim.learning_rate = 1e-4  # for a small encoder (MiniLM); BERT-base: 2e-5
         config.optim.schedule = "linear"
@@ -87,4 +91,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             config.optim.warmup_steps = 250
             config.train.eval_every_steps = 500
             config.train.checkpoint_every_steps = 1000
+        elif arg == "bag":  # as configs/csv.py's bag
+            config.model.bag_buckets = 1 << 20
+            config.model.bag_orders = (1, 2)
+            config.optim.bag_init = "naive_bayes"
     return config

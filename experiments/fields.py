@@ -439,7 +439,6 @@ def check(config: ml_collections.ConfigDict) -> None:
 # What fine-tuning a pretrained encoder (model.pretrained) does not have: field -> its off value.
 PRETRAINED_OFF = {
     "model.ngram_buckets": 0,
-    "model.bag_buckets": 0,
     "optim.adversarial_eps": 0.0,
     "model.init_from": "",
     "model.embeddings_from": "",

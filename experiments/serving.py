@@ -118,8 +118,10 @@ def encode(trained: Trained, text: str) -> np.ndarray:
 
 def encode_bag(trained: Trained, text: str) -> np.ndarray | None:
     """What the model's bag reads of one user text, when it reads more than `encode` gives."""
-    raw = [trained.tokenizer.encode(encoding.check_text(text))]
-    bags = encoding.bag_cut(raw, trained.config.data, trained.cfg.pooling == "cls")
+    tok = trained.tokenizer
+    raw = [tok.encode(encoding.check_text(text))]
+    add_cls = trained.cfg.pooling == "cls"
+    bags = encoding.bag_cut(raw, trained.config.data, add_cls, encoding.frame_of(tok))
     return None if bags is None else bags[0]
 
 
@@ -171,8 +173,8 @@ def reading(trained: Trained, text: str, ids_L: np.ndarray) -> Reading:
         if (
             getattr(trained.cfg, "bag_buckets", 0) and data.bag_len
         ):  # the bag reads more than attention does
-            bag = encoding.bag_window(data, add_cls)
-            bag_keep = bag["max_len"] - add_cls
+            bag = encoding.bag_window(data, add_cls, frame)
+            bag_keep = bag["max_len"] - specials
             bag_read = "all" if whole <= bag_keep else _part_read(bag_keep, bag["tail_len"])
             note += f" (its bag: {bag_read})"
         notes.append(note)

@@ -1,5 +1,5 @@
-"""attn.bert_classifier: shapes, padding invariance, jit and gradients, and `bert.encode`'s
-attention weights."""
+"""attn.bert_classifier: shapes, padding invariance, jit and gradients, `bert.encode`'s
+attention weights, and the optional bag of hashed n-grams beside the encoder."""
 
 import pathlib
 
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attn import bert, bert_classifier
+from attn import bag, bert, bert_classifier, layers, pooling
 
 DATA = pathlib.Path(__file__).parent / "data" / "bert"
 
@@ -99,4 +99,129 @@ def test_config_refuses_what_the_encoder_cannot_do(tiny):
     cfg = bert_classifier.Config(encoder=enc, max_len=16)
     params = bert_classifier.init(jax.random.key(0), cfg)
     with pytest.raises(ValueError, match="no adversarial"):
-        bert_classifier.apply(params, ids, cfg, bag_tokens_BxG=ids)
+        bert_classifier.apply(params, ids, cfg, embed_delta_BxLxD=jnp.zeros((1, 4, enc.d_model)))
+    for bad in (
+        {"bag_buckets": -1},
+        {"bag_buckets": 64, "bag_orders": ()},
+        {"bag_orders": (1, 1)},
+        {"bag_dropout": 1.0},
+    ):
+        with pytest.raises(ValueError, match="Config.bag_"):
+            bert_classifier.Config(encoder=enc, max_len=16, **bad)
+    listed = bert_classifier.Config(encoder=enc, max_len=16, bag_buckets=64, bag_orders=[1, 3])
+    assert listed.bag_orders == (1, 3)  # a list from JSON is normalised, so the config hashes
+
+
+def _with_bag(tiny, **bag_fields):
+    """A config without the bag and one with it, and the params of the first with the
+    checkpoint's encoder."""
+    enc_params, enc = tiny
+    off = bert_classifier.Config(encoder=enc, max_len=16, dropout=0.3)
+    on = bert_classifier.Config(encoder=enc, max_len=16, dropout=0.3, **bag_fields)
+    params = {**bert_classifier.init(jax.random.key(0), off), "encoder": enc_params}
+    return off, on, params
+
+
+def test_without_the_bag_the_model_and_its_random_streams_are_as_before(tiny):
+    """Bag off: the logits are bit for bit those of encode -> mean pool -> dropout -> head with
+    the key split as before the bag existed; bag on with a zero table (dropout on it too) gives
+    the very same logits, in training and in evaluation, and the same other params."""
+    off, on, params = _with_bag(tiny, bag_buckets=64, bag_dropout=0.5)
+    ids = _ids(np.random.default_rng(3), 2, 12, off.encoder.vocab_size)
+    rng = jax.random.key(5)
+    r_enc, r_pool = jax.random.split(rng)
+    mask = ids != 0
+    h = bert.encode(params["encoder"], off.encoder, ids, mask, train=True, rng=r_enc)
+    v = layers.dropout(jax.vmap(pooling.mean_pool)(h, mask), 0.3, train=True, rng=r_pool)
+    want = v @ params["head"]["w"] + params["head"]["b"]
+    got, _ = bert_classifier.apply(params, ids, off, train=True, rng=rng)
+    assert np.asarray(got).tobytes() == np.asarray(want).tobytes()
+    init_on = bert_classifier.init(jax.random.key(0), on)
+    assert set(init_on) == {"encoder", "head", "bag"} and not np.asarray(init_on["bag"]).any()
+    assert init_on["bag"].shape == (64, 2)
+    np.testing.assert_array_equal(
+        init_on["head"]["w"], bert_classifier.init(jax.random.key(0), off)["head"]["w"]
+    )
+    with_zeros = {**params, "bag": init_on["bag"]}
+    for train in (True, False):
+        a, _ = bert_classifier.apply(params, ids, off, train=train, rng=rng)
+        b, _ = bert_classifier.apply(with_zeros, ids, on, train=train, rng=rng)
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def _fnv_bucket(ngram: list[int], order: int, buckets: int) -> int:
+    """bag.ngram_buckets for one n-gram, in plain Python: FNV-1a seeded with the order, then
+    MurmurHash3's finaliser, all mod 2**32."""
+    m = 0xFFFFFFFF
+    h = 2166136261 ^ order
+    for t in ngram:
+        h = ((h ^ t) * 16777619) & m
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & m
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & m
+    return (h ^ (h >> 16)) % buckets
+
+
+def _bag_reference(table: np.ndarray, ids: np.ndarray, orders: tuple[int, ...]) -> np.ndarray:
+    """The bag's logits one text at a time: each distinct n-gram bucket (per order) of the real
+    positions counts once, and the sum is divided by the root of their number."""
+    out = np.zeros((len(ids), table.shape[1]))
+    for b, row in enumerate(ids.tolist()):
+        distinct = set()
+        for end, t in enumerate(row):
+            if t == 0:
+                continue
+            for n in orders:
+                gram = [row[i] if i >= 0 else 0 for i in range(end - n + 1, end + 1)]
+                distinct.add((n, _fnv_bucket(gram, n, table.shape[0])))
+        for _, bucket in distinct:
+            out[b] += table[bucket]
+        out[b] /= np.sqrt(max(len(distinct), 1))
+    return out
+
+
+def test_the_bag_adds_the_table_rows_of_the_distinct_hashed_ngrams(tiny):
+    off, on, params = _with_bag(tiny, bag_buckets=97, bag_orders=(1, 2))
+    ids = _ids(np.random.default_rng(4), 3, 12, off.encoder.vocab_size)
+    ids[2, 3:6] = ids[2, 0:3]  # repeated n-grams count once
+    table = np.random.default_rng(5).normal(size=(97, 2)).astype(np.float32)
+    with_bag = {**params, "bag": jnp.asarray(table)}
+    base, _ = bert_classifier.apply(params, ids, off)
+    got, _ = bert_classifier.apply(with_bag, ids, on)
+    want = _bag_reference(table, ids, (1, 2))
+    assert np.abs(want).max() > 0.1
+    np.testing.assert_allclose(np.asarray(got) - np.asarray(base), want, atol=1e-5)
+    # bag_tokens_BxG, when given, is what the bag reads; the encoder still reads the tokens.
+    longer = np.concatenate([ids, ids[:, 1:5]], axis=1)
+    longer[1, 12:] = 0  # row 1 is padded from the middle: nothing after it is read
+    got, _ = bert_classifier.apply(with_bag, ids, on, bag_tokens_BxG=longer)
+    np.testing.assert_allclose(
+        np.asarray(got) - np.asarray(base), _bag_reference(table, longer, (1, 2)), atol=1e-5
+    )
+    assert not np.allclose(_bag_reference(table, longer, (1, 2))[0], want[0], atol=1e-3)
+
+
+def test_padding_adds_nothing_to_the_bag(tiny):
+    """The buckets that padding would hash to hold large rows: appended padding, a padded
+    bag_tokens_BxG and an all-padding text add nothing."""
+    off, on, params = _with_bag(tiny, bag_buckets=97, bag_orders=(1, 2, 3))
+    pads = np.unique(np.asarray(bert_classifier.bag_ids(jnp.zeros((1, 4), jnp.int32), on)))
+    table = np.random.default_rng(6).normal(size=(97, 2)).astype(np.float32)
+    table[pads] = 100.0
+    with_bag = {**params, "bag": jnp.asarray(table)}
+    ids = _ids(np.random.default_rng(7), 2, 10, off.encoder.vocab_size)
+    got, _ = bert_classifier.apply(with_bag, ids, on)
+    base, _ = bert_classifier.apply(params, ids, off)
+    np.testing.assert_allclose(
+        np.asarray(got) - np.asarray(base), _bag_reference(table, ids, (1, 2, 3)), atol=1e-4
+    )
+    assert np.abs(np.asarray(got)).max() < 50  # no row of 100 was read
+    padded = np.pad(ids, ((0, 0), (0, 6)))
+    np.testing.assert_allclose(bert_classifier.apply(with_bag, padded, on)[0], got, atol=1e-5)
+    np.testing.assert_allclose(
+        bert_classifier.apply(with_bag, ids, on, bag_tokens_BxG=padded)[0], got, atol=1e-5
+    )
+    empty = np.zeros((1, 10), np.int32)
+    empty_bag = bag.logits(with_bag["bag"], bert_classifier.bag_ids(empty, on), empty != 0)
+    assert not np.asarray(empty_bag).any()

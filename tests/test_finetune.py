@@ -1,11 +1,13 @@
 """Fine-tuning a pretrained checkpoint (configs/finetune.py, model.pretrained) end to end on
 tests/data/bert/tiny_bert: the train command, exact resume, step-0 params, evaluate and predict
-on the result, the checkpoint's tokenizer saved and read back, and what is refused."""
+on the result, the checkpoint's tokenizer saved and read back, the bag of n-grams beside the
+encoder, and what is refused."""
 
 import json
 import os
 import random
 import shutil
+import types
 from pathlib import Path
 
 import jax
@@ -21,12 +23,12 @@ from conftest import (
     saved_state,
 )
 
-from attn import bert
+from attn import bert, bert_classifier
 from configs import finetune as finetune_config
-from experiments import cli, evaluate, predict, serving, train
+from experiments import cli, evaluate, parallel, predict, serving, train
 from experiments.data import batching, checkpoint_tokenizer, chosen, encoding, tokenizers
 from experiments.errors import UserError
-from experiments.training import checkpoints, finetune, optim
+from experiments.training import checkpoints, classify, finetune, optim
 
 TINY_BERT = ROOT / "tests" / "data" / "bert" / "tiny_bert"
 POS = ["great", "superb", "moving", "good", "loved", "wonderful", "best", "fun"]
@@ -272,6 +274,12 @@ def test_the_checkpoints_tokenizer_round_trips_through_the_workdir(tmp_path, sou
     # Framed and cut as training does: [CLS], head and tail of the text, [SEP].
     (cut,) = encoding.encode(back, [text], max_len=10, add_cls=False, tail_len=3)
     assert cut.tolist() == [6, *ids[:5], *ids[-3:], 7]
+    # What the bag reads of it (data.bag_len) is framed alike, with the same share of the end
+    # (12 of the 14 after the frame, 3/8 of them: 4), and no attn CLS even with [CLS] pooling.
+    data = types.SimpleNamespace(max_len=10, tail_len=3, bag_len=14)
+    split = encoding.encode_split(back, [text], np.zeros(1, np.int32), data, add_cls=True)
+    assert split.ids[0].tolist() == cut.tolist() and len(ids) > 12
+    assert split.bag_ids[0].tolist() == [6, *ids[:8], *ids[-4:], 7]
 
 
 def test_a_tokenizer_that_does_not_pad_with_0_is_refused(tmp_path):
@@ -298,8 +306,8 @@ def test_what_fine_tuning_cannot_do_is_refused_in_one_line(csv, tmp_path, capsys
     workdir = str(tmp_path / "w")
     for more, fragments in (
         (
-            ["--config.optim.adversarial_eps=1.0", "--config.model.bag_buckets=64"],
-            ["optim.adversarial_eps=1.0", "model.bag_buckets=64"],
+            ["--config.optim.adversarial_eps=1.0", "--config.model.ngram_buckets=64"],
+            ["optim.adversarial_eps=1.0", "model.ngram_buckets=64"],
         ),
         (["--config.model.pooling=max"], ["model.pooling='max' (cls or mean)"]),
         (["--config.model.pretrained=" + str(tmp_path)], ["no config.json"]),
@@ -318,3 +326,74 @@ def test_what_fine_tuning_cannot_do_is_refused_in_one_line(csv, tmp_path, capsys
         capsys=capsys,
     )
     assert_one_line_error(proc, "set --config.model.pretrained=DIR")
+
+
+def test_a_fine_tune_with_the_bag_starts_from_naive_bayes_and_is_served_as_trained(
+    csv, tmp_path, monkeypatch
+):
+    """The train command with the bag (naive Bayes start, reading up to data.bag_len): at step 0
+    the encoder is the checkpoint's bit for bit and the table holds the training split's ratios
+    (each sentiment word's unigram votes for its class); the bag trains, and evaluate and predict
+    read it as training did."""
+    made = []
+    real = finetune.init_params
+
+    def recording(pre, cfg, bag_start=None):
+        make = real(pre, cfg, bag_start)
+
+        def init(key, fresh):
+            params = make(key, fresh)
+            made.append(jax.tree.map(np.array, params))  # copies: the train step donates them
+            return params
+
+        return init
+
+    monkeypatch.setattr(finetune, "init_params", recording)
+    workdir = str(tmp_path / "bag")
+    more = (
+        "--config.model.bag_buckets=4096",
+        "--config.optim.bag_init=naive_bayes",
+        "--config.data.bag_len=64",
+    )
+    argv = ["train", *_flags(csv, *more), f"--workdir={workdir}"]
+    assert cli.run(train.define_flags, train.main, argv) == 0
+    (start,) = made
+    loaded, _ = bert.load(TINY_BERT)
+    assert_trees_equal(start["encoder"], loaded)
+    trained = serving.load(workdir)
+    cfg = trained.cfg
+    assert isinstance(cfg, bert_classifier.Config) and cfg.bag_buckets == 4096
+    tok = trained.tokenizer
+    for words, label in ((POS, 1), (NEG, 0)):
+        ids = np.array([[int(tok.encode(w)[0]) for w in words]], np.int32)
+        rows = start["bag"][np.asarray(bert_classifier.bag_ids(ids, cfg))[0, 0]]  # unigrams
+        assert (rows[:, label] > 0.1).all() and (rows[:, 1 - label] < -0.1).all(), words
+    state = saved_state(workdir, 6)
+    assert set(state["params"]) == {"encoder", "head", "bag"}
+    assert not np.allclose(state["params"]["bag"], start["bag"], atol=1e-6)
+    best = max(r["accuracy"] for r in metric_rows(workdir) if r["split"] == "validation")
+    assert evaluate.evaluate_workdir(workdir, "validation")["accuracy"] == pytest.approx(best)
+    d = trained.config.data
+    s = encoding.load(d, ("validation",), add_cls=False, tokenizer=tok).splits["validation"]
+    assert s.bag_ids is not None
+    dp = parallel.data_parallel(d)
+    probs_NxC, _ = classify.probabilities(
+        trained.params, cfg, s.ids, s.labels, data=d, dp=dp, bag_ids=s.bag_ids
+    )
+    for i in range(3):
+        got = predict.predict_one(trained, s.texts[i], top=1)
+        assert got["probability"] == pytest.approx(float(probs_NxC[i].max()), abs=1e-5)
+
+
+def test_a_fine_tunes_checkpoint_from_before_the_bag_still_resumes(csv):
+    """The bag's fields, absent from an older fine-tune's meta, take their defaults (no bag), so
+    that run resumes; a run with the bag is a different model."""
+    _, enc = bert.load(TINY_BERT)
+    meta = checkpoints.new_meta(finetune.model_config(_config(csv), enc, 2), ["n", "p"], ema=False)
+    old = {**meta, "model": {k: v for k, v in meta["model"].items() if not k.startswith("bag_")}}
+    assert len(old["model"]) == len(meta["model"]) - 3
+    assert checkpoints._run_fields(old) == checkpoints._run_fields(meta)
+    bagged = finetune.model_config(_config(csv, model__bag_buckets=64), enc, 2)
+    bag_meta = checkpoints.new_meta(bagged, ["n", "p"], ema=False)
+    assert checkpoints._run_fields(bag_meta) != checkpoints._run_fields(old)
+    assert serving.model_config(old, "old") == finetune.model_config(_config(csv), enc, 2)

@@ -68,7 +68,7 @@ def encode_split(
     raw = [tokenizer.encode(t) for t in texts]
     frame = frame_of(tokenizer)
     ids = cut(raw, max_len=data.max_len, add_cls=add_cls, tail_len=data.tail_len, frame=frame)
-    return Split(texts, ids, labels, bag_cut(raw, data, add_cls))
+    return Split(texts, ids, labels, bag_cut(raw, data, add_cls, frame))
 
 
 def encode(
@@ -119,25 +119,34 @@ def cut(
     return [np.concatenate([prefix, _cut(ids_L, keep, tail_len), suffix]) for ids_L in raw]
 
 
-def bag_cut(raw: Sequence[np.ndarray], data: Any, add_cls: bool) -> list[np.ndarray] | None:
-    """What the bag reads of each whole text, int32 [m <= data.bag_len]; None when data.bag_len
-    is 0 and the bag reads `cut`'s ids."""
-    return cut(raw, **bag_window(data, add_cls)) if data.bag_len else None
+def bag_cut(
+    raw: Sequence[np.ndarray],
+    data: Any,
+    add_cls: bool,
+    frame: tuple[Sequence[int], Sequence[int]] | None = None,
+) -> list[np.ndarray] | None:
+    """What the bag reads of each whole text, int32 [m <= data.bag_len], framed as `cut` frames
+    the attention's ids; None when data.bag_len is 0 and the bag reads `cut`'s ids."""
+    return cut(raw, **bag_window(data, add_cls, frame)) if data.bag_len else None
 
 
-def bag_window(data: Any, add_cls: bool) -> dict:
-    """`cut`'s max_len and tail_len for what the bag reads: data.bag_len tokens, of which a
-    longer text keeps the same share from its end as the attention's window does."""
+def bag_window(
+    data: Any, add_cls: bool, frame: tuple[Sequence[int], Sequence[int]] | None = None
+) -> dict:
+    """`cut`'s keyword arguments for what the bag reads: data.bag_len tokens, of which a longer
+    text keeps the same share from its end as the attention's window does."""
     if not (isinstance(data.bag_len, int) and data.bag_len >= data.max_len):
         raise UserError(
             f"data.bag_len must be 0 or an integer >= max_len ({data.max_len}), got "
             f"{data.bag_len!r}"
         )
-    keep, bag_keep = data.max_len - add_cls, data.bag_len - add_cls
+    framing = add_cls if frame is None else sum(map(len, frame))
+    keep, bag_keep = data.max_len - framing, data.bag_len - framing
     return {
         "max_len": data.bag_len,
         "add_cls": add_cls,
         "tail_len": data.tail_len * bag_keep // keep if keep else 0,
+        "frame": frame,
     }
 
 

@@ -162,10 +162,11 @@ def _run_fields(meta: dict) -> dict:
     """What must match to continue a run, as JSON has it (tuples are lists). A field the
     checkpoint predates takes its default, so adding a model field keeps old runs resumable."""
     family = meta.get("family", ATTN)
+    config_type = bert_classifier.Config if family == BERT else classifier.ModelConfig
     defaults = {
         f.name: f.default
-        for f in dataclasses.fields(classifier.ModelConfig)
-        if f.default is not dataclasses.MISSING and family == ATTN
+        for f in dataclasses.fields(config_type)
+        if f.default is not dataclasses.MISSING
     }
     model = {
         k: list(v) if isinstance(v, tuple) else v for k, v in {**defaults, **meta["model"]}.items()

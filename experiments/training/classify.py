@@ -232,7 +232,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     train, validation, test = (data.splits[name] for name in SPLITS)
     if pre:
         cfg = finetune.model_config(config, pre.encoder, len(data.label_names))
-        init_params = finetune.init_params(pre, cfg)
+        nb = o.bag_init == "naive_bayes"
+        bag_start = functools.partial(bag_prior.naive_bayes, cfg, train, d) if nb else None
+        init_params = finetune.init_params(pre, cfg, bag_start)
     else:
         cfg = fields.model_config(config, data.tokenizer.vocab_size, len(data.label_names))
 

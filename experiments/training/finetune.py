@@ -5,10 +5,11 @@ through the same setup, loop, checkpoints and commands.
 `load` reads the checkpoint (`attn.bert.load`; its first model.pretrained_layers, random weights
 with model.pretrained_init=random) and its own tokenizer (`checkpoint_tokenizer`);
 `model_config` makes the frozen `bert_classifier.Config` from it and config.model (pooling, the
-head's dropout, the attention implementation, dtype); `init_params` puts the checkpoint's encoder,
-exactly as stored, beside a fresh head; `warm` marks the encoder for optim.warm_lr_scale and
-`layer_scales` gives optim.layer_decay's per-layer factors. `family` is the one dispatch on a
-model config's type that the train step, evaluation and serving share.
+head's dropout, the attention implementation, dtype, the bag); `init_params` puts the checkpoint's
+encoder, exactly as stored, beside a fresh head (and the bag's starting table); `warm` marks the
+encoder for optim.warm_lr_scale and `layer_scales` gives optim.layer_decay's per-layer factors.
+`family` is the one dispatch on a model config's type that the train step, evaluation and serving
+share.
 """
 
 import dataclasses
@@ -83,7 +84,7 @@ def model_config(
     config: ml_collections.ConfigDict, encoder: bert.Config, num_classes: int
 ) -> bert_classifier.Config:
     """The frozen config: the checkpoint's encoder (its dropout; config.model.dtype) and
-    config.model's pooling, head dropout and attention implementation; attention dropout is
+    config.model's pooling, head dropout, attention implementation and bag; attention dropout is
     dropped (and said) for an implementation that forms no weights."""
     m = config.model
     enc = dataclasses.replace(encoder, dtype=m.dtype)
@@ -102,19 +103,30 @@ def model_config(
             pooling=m.pooling,
             dropout=m.dropout,
             implementation=m.implementation,
+            bag_buckets=m.bag_buckets,
+            bag_orders=m.bag_orders,
+            bag_dropout=m.bag_dropout,
         )
     except ValueError as e:
         raise UserError(f"model.pretrained: {e}") from None
 
 
-def init_params(pre: Pretrained, cfg: bert_classifier.Config) -> Callable[[jax.Array, bool], dict]:
-    """(key, fresh) -> params: the checkpoint's encoder as stored (random with pre.random) and a
-    fresh head (a resumed run's are overwritten, so it gets random ones of the same shapes)."""
+def init_params(
+    pre: Pretrained,
+    cfg: bert_classifier.Config,
+    bag_start: Callable[[], jax.Array] | None = None,
+) -> Callable[[jax.Array, bool], dict]:
+    """(key, fresh) -> params: the checkpoint's encoder as stored (random with pre.random), a
+    fresh head, and the bag's table from bag_start() (e.g. `bag_prior.naive_bayes`; zeros
+    without it). A resumed run's are overwritten, so it gets random ones of the same shapes and
+    counts nothing."""
 
     def make(key: jax.Array, fresh: bool) -> dict:
         params = bert_classifier.init(key, cfg)
         if fresh and not pre.random:
             params["encoder"] = pre.params
+        if fresh and bag_start is not None:
+            params["bag"] = bag_start()
         return params
 
     return make
