@@ -5,14 +5,17 @@
   python -m benchmarks lra
   python -m benchmarks multihost
   python -m benchmarks bert [--bert_dir=DIR/all-MiniLM-L6-v2]
+  python -m benchmarks finetune --bert_dir=DIR/all-MiniLM-L6-v2 --data_path=FILE.csv
+      [--seeds=0,1,2] [--rows=tfidf,scratch,frozen,finetuned,attention_off,...]
   python -m benchmarks device [--quick] [--imdb_path=DIR/aclImdb] [--lra_minutes=1.5]
       [--parts=attention,train,lra]
 
 `all` is the first three; `imdb` (tens of minutes per seed on 2 cores), `lra` (the cost of the
-Long Range Arena configs), `multihost` (two processes against one, about 20 minutes) and `bert`
+Long Range Arena configs), `multihost` (two processes against one, about 20 minutes), `bert`
 (a fine-tuning step of a pretrained-size encoder; with --bert_dir, its numerics against
-transformers) run only when named. `device` is for a GPU or TPU (`benchmarks/device.py`): it writes
-`<out>/device.json` instead of a section of results.json.
+transformers) and `finetune` (a pretrained encoder fine-tuned against its ablations, hours on
+2 cores; results.json is written after each run) run only when named. `device` is for a GPU or
+TPU (`benchmarks/device.py`): it writes `<out>/device.json` instead of a section of results.json.
 
 Writes `<out>/results.json` (sections not run keep their previous results), `<out>/REPORT.md`
 with every target stated as met or missed, and PNG plots; prints a table per section.
@@ -34,6 +37,7 @@ from benchmarks import (
     attention,
     bert,
     device,
+    finetune,
     imdb,
     lra,
     multihost,
@@ -52,6 +56,15 @@ SECTIONS = {
     "lra": lambda fv, prev: lra.run(fv.quick),
     "multihost": lambda fv, prev: multihost.run(fv.quick),
     "bert": lambda fv, prev: bert.run(fv.quick, fv.bert_dir),
+    "finetune": lambda fv, prev: finetune.run(
+        fv.quick,
+        fv.data_path,
+        fv.bert_dir,
+        fv.seeds,
+        fv.rows,
+        prev,
+        save=lambda sec: _save_section(fv.out, "finetune", sec),
+    ),
 }
 ALL = ("attention", "train", "accuracy")
 
@@ -76,8 +89,34 @@ def define_flags(fv: flags.FlagValues) -> None:
         "parts", list(device.PARTS), "`device`: which of its parts to run.", flag_values=fv
     )
     flags.DEFINE_string(
-        "bert_dir", "", "`bert`: a BERT model directory to check numerics on.", flag_values=fv
+        "bert_dir",
+        "",
+        "`bert`: a BERT model directory to check numerics on; `finetune`: the one to tune.",
+        flag_values=fv,
     )
+    flags.DEFINE_string(
+        "data_path", "", "`finetune`: the labelled file (text,label) to train on.", flag_values=fv
+    )
+    flags.DEFINE_list(
+        "rows", list(finetune.ROWS), "`finetune`: which rows of its table to run.", flag_values=fv
+    )
+
+
+def _read(path: str) -> dict:
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"cannot read previous results {path!r}: {e}") from None
+
+
+def _save_section(out: str, name: str, sec: dict) -> None:
+    """One section's results so far into results.json and REPORT.md, the others as they are."""
+    results = _read(os.path.join(out, "results.json"))
+    results[name] = {**results.get(name, {}), **sec}
+    report.write(results, out)
 
 
 def main(fv: flags.FlagValues, argv: list[str]) -> None:
@@ -92,13 +131,7 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
     if not fv.seeds or not all(s.isdigit() for s in fv.seeds):
         raise UserError(f"--seeds must be non-negative integers, got {','.join(fv.seeds)!r}")
     path = os.path.join(fv.out, "results.json")
-    results = {}
-    if os.path.exists(path):
-        try:
-            with open(path, encoding="utf-8") as f:
-                results = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
-            raise UserError(f"cannot read previous results {path!r}: {e}") from None
+    results = _read(path)
     for name in sections:
         start = time.perf_counter()
         results[name] = SECTIONS[name](fv, results.get(name))

@@ -1,0 +1,190 @@
+"""Section 8: what attention earns once pretrained. One labelled file of short English texts
+(`--data_path`, e.g. sentence-level movie reviews), its 80/10/10 split by text hash, and each row
+trained once per seed through `python -m experiments.train`'s own code:
+
+  tfidf          word 1-2-gram TF-IDF (sublinear tf) + logistic regression, C chosen on validation
+  scratch        configs/csv.py: attn's own encoder from random weights, with its bag
+  frozen         configs/finetune.py with the checkpoint frozen (optim.warm_lr_scale=0): a probe
+  finetuned      configs/finetune.py: the checkpoint (`--bert_dir`) fine-tuned
+  attention_off  finetuned with model.pretrained_layers=0: its embeddings alone, mean-pooled
+  random_init    finetuned with model.pretrained_init=random: the architecture, no pretraining
+  finetuned_bag  configs/finetune.py:bag: finetuned with the bag of n-grams beside it
+
+The two rows that train a linear layer over fixed or shallow features get learning rate 1e-3,
+chosen on validation (the checkpoint's rows keep configs/finetune.py's 1e-4). `--rows` picks
+rows and `--seeds` seeds; seeds of an earlier call are kept per row while its recipe, data and
+checkpoint are the same, and results.json is written after every run, so the hours this takes
+on a CPU can be spread over several calls.
+"""
+
+import json
+import os
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from benchmarks import config_file, timing
+from benchmarks.accuracy import tfidf_baseline, train_variant
+from experiments import fields
+from experiments.errors import UserError
+
+TINY_BERT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "tests/data/bert/tiny_bert")
+
+# row -> (config file, overrides); None: not trained (the TF-IDF baseline).
+ROWS: dict[str, tuple[str, dict] | None] = {
+    "tfidf": None,
+    "scratch": ("csv.py", {}),
+    "frozen": ("finetune.py", {"optim.warm_lr_scale": 0.0, "optim.learning_rate": 1e-3}),
+    "finetuned": ("finetune.py", {}),
+    "attention_off": (
+        "finetune.py",
+        {"model.pretrained_layers": 0, "optim.learning_rate": 1e-3},
+    ),
+    "random_init": ("finetune.py", {"model.pretrained_init": "random"}),
+    "finetuned_bag": ("finetune.py:bag", {}),
+}
+LABELS = {
+    "tfidf": "word 1-2-gram TF-IDF + logistic regression",
+    "scratch": "attn from scratch (`configs/csv.py`)",
+    "frozen": "pretrained encoder frozen, linear probe",
+    "finetuned": "pretrained encoder fine-tuned (`configs/finetune.py`)",
+    "attention_off": "its embeddings alone, pooled and fine-tuned (attention off)",
+    "random_init": "its architecture from random weights",
+    "finetuned_bag": "fine-tuned with the bag of n-grams beside it",
+}
+# Published accuracies on these sentences (Pang and Lee's sentence polarity v1.0), for reading
+# the table; not measured here and not on this split (they are 10-fold cross-validation).
+ANCHORS = {
+    "NBSVM, word 1-2-grams (Wang and Manning 2012)": 0.794,
+    "CNN, static word2vec (Kim 2014)": 0.810,
+    "CNN, fine-tuned word2vec (Kim 2014)": 0.815,
+}
+
+
+def row_config(row: str, quick: bool, data_path: str, bert_dir: str):
+    """The config a row trains: its file (the tiny variant with --quick) and overrides."""
+    file, overrides = ROWS[row]
+    if quick:
+        file = file.split(":")[0] + ":tiny"
+    config = config_file(file)
+    with config.unlocked():
+        config.data.dataset = "file"
+        config.data.path = data_path
+        config.train.baseline = False  # the tfidf row is the baseline, fitted once
+        if file.startswith("finetune.py"):
+            config.model.pretrained = bert_dir
+        for name, value in overrides.items():
+            section, field = name.split(".")
+            config[section][field] = value
+        if quick:
+            config.train.max_steps = 4
+            if row == "finetuned_bag":
+                config.model.bag_buckets = 1 << 10
+                config.optim.bag_init = "naive_bayes"
+    return config
+
+
+def run(
+    quick: bool,
+    data_path: str,
+    bert_dir: str,
+    seeds: list[str],
+    rows: list[str],
+    previous: dict | None,
+    save: Callable[[dict], None],
+) -> dict:
+    """The finetune section of results.json; `save(section)` after every run."""
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown:
+        raise UserError(f"--rows: unknown {', '.join(unknown)}; known: {', '.join(ROWS)}")
+    if not data_path:
+        raise UserError("finetune needs --data_path=FILE (a CSV of text,label)")
+    bert_dir = bert_dir or (TINY_BERT if quick else "")
+    if not bert_dir:
+        raise UserError("finetune needs --bert_dir=DIR (a BERT-family model directory)")
+    previous = previous or {}
+    same_source = (
+        previous.get("data_path") == data_path
+        and previous.get("bert_dir") == bert_dir
+        and previous.get("quick") == quick
+    )
+    sec = {
+        "data_path": data_path,
+        "bert_dir": bert_dir,
+        "quick": quick,
+        "anchors": ANCHORS,
+        "runs": dict(previous.get("runs", {})) if same_source else {},
+    }
+    if "tfidf" in rows:
+        start = time.perf_counter()
+        data = row_config("finetuned", quick, data_path, bert_dir).data
+        b = tfidf_baseline(
+            data,
+            grid=(1.0, 10.0) if quick else (1.0, 3.0, 10.0, 30.0, 100.0),
+            sublinear=True,
+            analyzer="word",
+            ngrams=(1, 2),
+        )
+        b["wall_s"] = time.perf_counter() - start
+        sec["runs"]["tfidf"] = b
+        print(f"tfidf: test {b['test_accuracy']:.4f} (C={b['best_C']}, {b['wall_s']:.0f} s)")
+        _save(sec, save)
+    for row in (r for r in ROWS if r in rows and ROWS[r] is not None):
+        config = row_config(row, quick, data_path, bert_dir)
+        recipe = json.loads(json.dumps(config.to_dict()))
+        del recipe["train"]["seed"]
+        old = sec["runs"].get(row, {})
+        kept = old.get("seeds", {}) if fields.complete(old.get("recipe", {})) == recipe else {}
+        sec["runs"][row] = {"config": ROWS[row][0], "recipe": recipe, "seeds": dict(kept)}
+        for seed in seeds:
+            with config.unlocked():
+                config.train.seed = int(seed)
+            r = train_variant(config)
+            del r["model"]  # the recipe has it
+            sec["runs"][row]["seeds"][seed] = r
+            print(
+                f"{row}, seed {seed}: test {r['test_accuracy']:.4f}, best validation "
+                f"{r['best_validation_accuracy']:.4f} ({r['wall_s']:.0f} s)"
+            )
+            _save(sec, save)
+    sec["targets"] = targets(sec)
+    sec["peak_rss_bytes"] = timing.peak_rss_bytes()
+    return sec
+
+
+def _save(sec: dict, save: Callable[[dict], None]) -> None:
+    save({**sec, "targets": targets(sec), "peak_rss_bytes": timing.peak_rss_bytes()})
+
+
+def mean_test(sec: dict, row: str) -> tuple[float | None, list[str]]:
+    """A row's mean test accuracy and the seeds it is over (None before any run)."""
+    r = sec["runs"].get(row)
+    if r is None:
+        return None, []
+    if "seeds" not in r:
+        return r["test_accuracy"], []
+    seeds = sorted(r["seeds"], key=int)
+    accs = [r["seeds"][s]["test_accuracy"] for s in seeds]
+    return (float(np.mean(accs)) if accs else None), seeds
+
+
+def targets(sec: dict) -> dict:
+    """Fine-tuned against attention off, and against the better of TF-IDF and the from-scratch
+    recipe: at least 5 points of mean test accuracy each."""
+    ft, ft_seeds = mean_test(sec, "finetuned")
+    out = {}
+    for key, others, what in (
+        ("attention_earns", ("attention_off",), "the same embeddings without attention"),
+        ("beats_scratch_and_tfidf", ("tfidf", "scratch"), "TF-IDF and attn from scratch"),
+    ):
+        means = {o: mean_test(sec, o)[0] for o in others}
+        bar = max((m for m in means.values() if m is not None), default=None)
+        out[key] = {
+            "target": f"the fine-tuned encoder beats {what} by >= 5 points of mean test accuracy",
+            "finetuned_mean": ft,
+            "finetuned_seeds": ft_seeds,
+            "bar": bar,
+            "met": ft is not None and bar is not None and ft - bar >= 0.05 - 1e-9,
+        }
+    return out
