@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from benchmarks import finetune
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The pages whose regions are rendered; benchmarks/REPORT.md is written whole by report.py.
 PAGES = ("README.md", "docs", os.path.join("benchmarks", "analysis.md"))
@@ -152,6 +154,84 @@ def imdb(r: dict) -> str:
     return "\n".join(lines)
 
 
+def _minutes(runs: list[dict]) -> str:
+    walls = [r["wall_s"] / 60 for r in runs]
+    return f"{min(walls):.0f}-{max(walls):.0f} min" if len(walls) > 1 else f"{walls[0]:.0f} min"
+
+
+def _finetune_runs(sec: dict, row: str) -> list[dict]:
+    """A row's runs of the finetune section, by seed; the tfidf row is its one fit."""
+    r = sec["runs"].get(row)
+    if r is None:
+        return []
+    return [r] if "seeds" not in r else [r["seeds"][k] for k in sorted(r["seeds"], key=int)]
+
+
+def _seed_words(sec: dict, row: str) -> str:
+    keys = sorted(sec["runs"][row].get("seeds", {}), key=int)
+    return f"seed{'s' if len(keys) > 1 else ''} {', '.join(keys)}" if keys else ""
+
+
+def finetune_table(sec: dict) -> str:
+    """Every row of the finetune section: test per seed, mean, validation, wall time."""
+    lines = [
+        "| model | test accuracy | mean | best validation (mean) | wall time per run |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for row, label in finetune.LABELS.items():
+        runs = _finetune_runs(sec, row)
+        if not runs:
+            continue
+        accs = [x["test_accuracy"] for x in runs]
+        if row == "tfidf":
+            b = runs[0]
+            val = f"{_pct(b['validation_accuracy'][str(b['best_C'])])}% (C={b['best_C']:g})"
+            lines.append(
+                f"| {label} | {_pct(b['test_accuracy'])}% | | {val} | {b['wall_s']:.0f} s |"
+            )
+            continue
+        val = np.mean([x["best_validation_accuracy"] for x in runs])
+        lines.append(
+            f"| {label} | {_seed_list(accs)} ({_seed_words(sec, row)}) | {_pct(np.mean(accs))}% | "
+            f"{_pct(val)}% | {_minutes(runs)} |"
+        )
+    return "\n".join(lines)
+
+
+def finetune_headline(r: dict) -> str:
+    """The README's rows of the finetune section: mean test accuracy and cost."""
+    sec = r["finetune"]
+    n = sec["runs"]["tfidf"]["num_test"]
+    lines = [
+        f"| English review sentences ({n:,} test) | test accuracy, mean | wall time per run |",
+        "| --- | --- | --- |",
+    ]
+    for row in ("finetuned", "attention_off", "scratch", "tfidf"):
+        runs = _finetune_runs(sec, row)
+        if runs:
+            seeds = f" ({_seed_words(sec, row)})" if row != "tfidf" else ""
+            mean = np.mean([x["test_accuracy"] for x in runs])
+            wall = f"{runs[0]['wall_s']:.0f} s" if row == "tfidf" else _minutes(runs)
+            lines.append(f"| {finetune.LABELS[row]} | {_pct(mean)}%{seeds} | {wall} |")
+    return "\n".join(lines)
+
+
+def finetune_verdict(r: dict) -> str:
+    """The plain reading of `finetune_headline`, worded from the numbers and its targets."""
+    sec = r["finetune"]
+    t = sec["targets"]
+    off, bar = t["attention_earns"], t["beats_scratch_and_tfidf"]
+    ft = off["finetuned_mean"]
+    word = "earns its keep" if off["met"] and bar["met"] else "falls short of its targets"
+    return (
+        f"Pretrained and fine-tuned, attention {word}: the encoder's mean test accuracy "
+        f"({_pct(ft)}%) is {_points(ft - off['bar'])} points "
+        f"{'above' if ft > off['bar'] else 'below'} the same embeddings without the attention "
+        f"blocks and {_points(ft - bar['bar'])} points {'above' if ft > bar['bar'] else 'below'} "
+        "the better of TF-IDF and attn trained from scratch (the targets: 5 points each)."
+    )
+
+
 def _range(xs: list[float], fmt: str = ".2f") -> str:
     return f"{min(xs):{fmt}}-{max(xs):{fmt}}"
 
@@ -226,6 +306,9 @@ RENDER: dict[str, Callable[[dict], str]] = {
     "accuracy": accuracy,
     "imdb": imdb,
     "speed": speed,
+    "finetune": lambda r: finetune_table(r["finetune"]),
+    "finetune-headline": finetune_headline,
+    "finetune-verdict": finetune_verdict,
     **FACTS,
 }
 

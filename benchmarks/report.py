@@ -17,7 +17,7 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks import attention, docs, finetune  # noqa: E402
+from benchmarks import attention, docs  # noqa: E402
 
 
 def _met(t: dict) -> str:
@@ -478,32 +478,9 @@ def _finetune_md(sec: dict) -> list[str]:
         "wall time per run on 2 shared CPU cores, from reading the data to the test accuracy. "
         f"Command: `{SECTIONS['finetune'][1]}`.",
         "",
-        "| row | test accuracy per seed | mean | best validation (mean) | wall time per run |",
-        "|---|---|---|---|---|",
+        docs.finetune_table(sec),
+        "",
     ]
-    for row, label in finetune.LABELS.items():
-        r = sec["runs"].get(row)
-        if r is None:
-            continue
-        if "seeds" not in r:
-            lines.append(
-                f"| {label} | {r['test_accuracy']:.2%} | | "
-                f"{r['validation_accuracy'][str(r['best_C'])]:.2%} (C={r['best_C']:g}) | "
-                f"{r['wall_s']:.0f} s |"
-            )
-            continue
-        runs = [r["seeds"][k] for k in sorted(r["seeds"], key=int)]
-        if not runs:
-            continue
-        accs = " / ".join(f"{x['test_accuracy']:.2%}" for x in runs)
-        keys = sorted(r["seeds"], key=int)
-        seeds = f"seed{'s' if len(keys) > 1 else ''} {','.join(keys)}"
-        val = np.mean([x["best_validation_accuracy"] for x in runs])
-        walls = [x["wall_s"] / 60 for x in runs]
-        wall = f"{min(walls):.0f}-{max(walls):.0f} min" if len(walls) > 1 else f"{walls[0]:.0f} min"
-        mean = np.mean([x["test_accuracy"] for x in runs])
-        lines.append(f"| {label} | {accs} ({seeds}) | {mean:.2%} | {val:.2%} | {wall} |")
-    lines.append("")
     for t in sec.get("targets", {}).values():
         if t["finetuned_mean"] is not None and t["bar"] is not None:
             gap = f" ({(t['finetuned_mean'] - t['bar']) * 100:+.2f} points)"

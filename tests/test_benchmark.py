@@ -229,3 +229,41 @@ def test_bert_numerics_against_a_reference_file(tmp_path, monkeypatch):
     assert n["param_count"] == n["file_float_values"] == 20_640
     assert n["float32"]["vs_flax"] < 1e-5 and n["float32"]["vs_float64_numpy"] < 1e-5
     assert 1e-5 < n["bfloat16"]["vs_flax"] < 0.2  # bfloat16 drifts, but not by much
+
+
+def test_finetune_section_accumulates_rows_and_seeds_and_judges_its_targets(tmp_path, capsys):
+    """The ablation table in --quick (the tiny checkpoint, 4 steps a run): rows and seeds of
+    separate calls accumulate, each run is saved as it ends, and the targets read the means."""
+    rows = ["text,label"]
+    for i in range(120):
+        word = ("great", "awful")[i % 2]
+        rows.append(f"the film {i} was {word},{('pos', 'neg')[i % 2]}")
+    data = tmp_path / "sentences.csv"
+    data.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    argv = ["benchmarks", "finetune", "--quick", f"--out={out}", f"--data_path={data}"]
+
+    def results() -> dict:
+        return json.loads((out / "results.json").read_text(encoding="utf-8"))["finetune"]
+
+    run = lambda *more: cli.run(bench_main.define_flags, bench_main.main, [*argv, *more])  # noqa: E731
+    assert run("--rows=tfidf,attention_off", "--seeds=0") == 0
+    assert run("--rows=finetuned", "--seeds=0,1") == 0
+    sec = results()
+    assert sec["runs"]["tfidf"]["test_accuracy"] == 1.0  # one word separates the classes
+    assert sorted(sec["runs"]["attention_off"]["seeds"]) == ["0"]  # kept from the first call
+    assert sorted(sec["runs"]["finetuned"]["seeds"]) == ["0", "1"]
+    assert sec["runs"]["attention_off"]["recipe"]["model"]["pretrained_layers"] == 0
+    t = sec["targets"]["attention_earns"]
+    ft = [sec["runs"]["finetuned"]["seeds"][s]["test_accuracy"] for s in ("0", "1")]
+    assert t["finetuned_mean"] == pytest.approx(sum(ft) / 2) and t["finetuned_seeds"] == ["0", "1"]
+    assert t["met"] == (t["finetuned_mean"] - t["bar"] >= 0.05 - 1e-9)
+    bar = sec["targets"]["beats_scratch_and_tfidf"]["bar"]
+    assert bar == 1.0  # scratch was not run: TF-IDF alone sets it
+    written = (out / "REPORT.md").read_text(encoding="utf-8")
+    assert "## 8. What attention earns pretrained" in written
+    assert "(seeds 0, 1)" in written and "attention off" in written
+    assert run("--rows=finetuned,nope") == 2
+    assert "--rows: unknown nope" in capsys.readouterr().err
+    assert cli.run(bench_main.define_flags, bench_main.main, argv[:4]) == 2
+    assert "finetune needs --data_path=FILE" in capsys.readouterr().err
