@@ -70,6 +70,8 @@ def _headline_numbers() -> set[str]:
     runs = [*acc["seeds"].values(), *acc["no_attention"].values(), acc["structured"]]
     runs += [acc["tfidf_logreg"], acc["tfidf_sublinear_logreg"], *im["seeds"].values()]
     runs.append(im["tfidf_word12_sublinear_logreg"])
+    for row in RESULTS.get("finetune", {}).get("runs", {}).values():
+        runs += [*row["seeds"].values()] if "seeds" in row else [row]
     return {f"{100 * r['test_accuracy']:.2f}" for r in runs}
 
 
