@@ -8,7 +8,7 @@
   python -m benchmarks finetune --bert_dir=DIR/all-MiniLM-L6-v2 --data_path=FILE.csv
       [--seeds=0,1,2] [--rows=tfidf,scratch,frozen,finetuned,attention_off,...]
   python -m benchmarks device [--quick] [--imdb_path=DIR/aclImdb] [--lra_minutes=1.5]
-      [--parts=attention,train,lra]
+      [--parts=attention,train,lra,bert,finetune] [--bert_dir=DIR/all-MiniLM-L6-v2]
 
 `all` is the first three; `imdb` (tens of minutes per seed on 2 cores), `lra` (the cost of the
 Long Range Arena configs), `multihost` (two processes against one, about 20 minutes), `bert`
@@ -125,7 +125,7 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
         names = ", ".join((*SECTIONS, "all", "device"))
         raise UserError(f"benchmark must be one of {names}; got {which}")
     if which[0] == "device":
-        device.run(fv.quick, fv.out, fv.imdb_path, fv.lra_minutes, fv.parts)
+        device.run(fv.quick, fv.out, fv.imdb_path, fv.lra_minutes, fv.parts, fv.bert_dir, fv.seeds)
         return
     sections = list(ALL) if which[0] == "all" else [which[0]]
     if not fv.seeds or not all(s.isdigit() for s in fv.seeds):

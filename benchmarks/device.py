@@ -11,6 +11,9 @@ On JAX's default backend it measures, prints and writes to `<out>/device.json`:
              float32 against bfloat16 (`config.model.dtype`), interleaved, on every device
   lra        with --imdb_path: configs/lra_text.py trained from that local aclImdb folder for
              about --lra_minutes of steps, and the test accuracy it reached
+  finetune   with --imdb_path and --bert_dir: configs/finetune.py:imdb, the checkpoint
+             fine-tuned on that folder's official split once per --seeds, each seed's test
+             accuracy against NBSVM's 91.22% and DistilBERT's 92.8%, and its wall time
   bert       the fine-tuning step of an all-MiniLM-L6-v2-shaped `attn.bert` encoder
              (`benchmarks/bert.py`) at L = 512, in float32 and bfloat16, with attn's matrix and
              chunked attention and with jax.nn.dot_product_attention: time, tokens/s, the ratio
@@ -38,14 +41,14 @@ import optax
 
 from attn.attention import IMPLEMENTATIONS, Attention
 from attn.attention import attention as attend
+from benchmarks import accuracy, config_file, finetune, lra, timing
 from benchmarks import attention as attention_section
 from benchmarks import bert as bert_section
-from benchmarks import config_file, lra, timing
 from experiments import fields, parallel, train
 from experiments.errors import UserError
 from experiments.training import classify, optim
 
-PARTS = ("attention", "train", "lra", "bert")
+PARTS = ("attention", "train", "lra", "bert", "finetune")
 LENGTHS = (512, 2048, 8192)
 DTYPES = ("bfloat16", "float32")
 REFERENCE = "jax.nn xla"
@@ -112,7 +115,7 @@ def figures() -> list[str]:
     ]
     names += [f"train step, configs/imdb.py, {dtype}" for dtype in DTYPES]
     names += [bert_figure(m, dtype) for dtype in DTYPES for m in BERT_METHODS]
-    return [*names, "lra_text test accuracy"]
+    return [*names, "lra_text test accuracy", FINETUNE]
 
 
 def _memory_limit() -> int:
@@ -402,7 +405,50 @@ def lra_run(sizes: Sizes, imdb_path: str, minutes: float) -> dict:
     return row
 
 
-def run(quick: bool, out: str, imdb_path: str, lra_minutes: float, parts: list[str]) -> dict:
+FINETUNE = "IMDB fine-tuned test accuracy"
+# Published IMDB test accuracies the fine-tune is read against.
+IMDB_BARS = {"NBSVM (Wang and Manning 2012)": 0.9122, "DistilBERT (Sanh et al. 2019)": 0.928}
+
+
+def finetune_run(quick: bool, imdb_path: str, bert_dir: str, seeds: list[str]) -> dict:
+    """configs/finetune.py:imdb on a local aclImdb folder, once per seed (`--quick`: the tiny
+    checkpoint, 32 tokens, 2 steps), against IMDB_BARS."""
+    figure = {"figure": FINETUNE, "config": "finetune.py:imdb"}
+    bert_dir = bert_dir or (finetune.TINY_BERT if quick else "")
+    if not imdb_path or not bert_dir:
+        return {**figure, "skipped": "needs --imdb_path (a local aclImdb folder) and --bert_dir"}
+    runs = {}
+    for seed in seeds:
+        config = config_file("finetune.py:imdb")
+        with config.unlocked():
+            config.data.path = imdb_path
+            config.model.pretrained = bert_dir
+            config.train.seed = int(seed)
+            config.train.baseline = False
+            if quick:  # tiny_bert has 40 positions
+                config.data.max_len, config.data.tail_len, config.data.buckets = 32, 24, (32,)
+                config.train.max_steps = config.train.eval_every_steps = 2
+                config.train.checkpoint_every_steps = 2
+        r = accuracy.train_variant(config)
+        runs[seed] = {k: r[k] for k in ("test_accuracy", "best_validation_accuracy", "wall_s")}
+        print(
+            f"IMDB fine-tuned, seed {seed}: test accuracy {r['test_accuracy']:.4f} "
+            f"({r['wall_s']:.0f} s)"
+        )
+    accs = [r["test_accuracy"] for r in runs.values()]
+    above = {name: min(accs) > bar for name, bar in IMDB_BARS.items()}
+    return {**figure, "bert_dir": bert_dir, "seeds": runs, "every_seed_above": above}
+
+
+def run(
+    quick: bool,
+    out: str,
+    imdb_path: str,
+    lra_minutes: float,
+    parts: list[str],
+    bert_dir: str = "",
+    seeds: tuple[str, ...] = ("0", "1", "2"),
+) -> dict:
     """Measures `parts`, prints every figure and writes `<out>/device.json`; returns it."""
     unknown = sorted(set(parts) - set(PARTS))
     if unknown or not parts:
@@ -448,6 +494,8 @@ def run(quick: bool, out: str, imdb_path: str, lra_minutes: float, parts: list[s
         result["lra"] = lra_run(sizes, imdb_path, lra_minutes)
     if "bert" in parts:
         result["bert"] = bert_rows(sizes, matmul)
+    if "finetune" in parts:
+        result["finetune"] = finetune_run(quick, imdb_path, bert_dir, list(seeds))
     result["wall_s"] = time.perf_counter() - start
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "device.json")

@@ -23,7 +23,7 @@ def test_quick_run_measures_or_names_every_figure(tmp_path, capsys):
     out = capsys.readouterr().out
     result = json.loads((tmp_path / "device.json").read_text(encoding="utf-8"))
     rows = [*result["matmul"], *result["attention"], *result["train"]["rows"], result["lra"]]
-    rows += result["bert"]
+    rows += [*result["bert"], result["finetune"]]
     assert sorted(r["figure"] for r in rows) == sorted(device.figures())
     assert result["device"]["platform"] == "cpu" and result["quick"] is True
 
@@ -60,6 +60,23 @@ def test_quick_run_measures_or_names_every_figure(tmp_path, capsys):
     assert 1 <= lra["steps"] <= 6 and lra["test_examples"] == 24
     assert 0.0 <= lra["test_accuracy"] <= 1.0
     assert f"test accuracy {lra['test_accuracy']:.4f} on 24 reviews" in out
+
+
+def test_the_imdb_fine_tune_runs_each_seed_on_the_folder_and_reads_it_against_the_bars(
+    tmp_path, capsys
+):
+    make_aclimdb(tmp_path / "aclImdb")
+    args = ["--quick", "--parts=finetune", f"--out={tmp_path}", "--seeds=0,1"]
+    assert _run(*args, f"--imdb_path={tmp_path / 'aclImdb'}") == 0
+    ft = json.loads((tmp_path / "device.json").read_text(encoding="utf-8"))["finetune"]
+    assert sorted(ft["seeds"]) == ["0", "1"] and ft["bert_dir"].endswith("tiny_bert")
+    accs = [r["test_accuracy"] for r in ft["seeds"].values()]
+    assert all(0.0 <= a <= 1.0 for a in accs)
+    assert ft["every_seed_above"] == {n: min(accs) > b for n, b in device.IMDB_BARS.items()}
+    assert "IMDB fine-tuned, seed 1: test accuracy" in capsys.readouterr().out
+    assert _run("--quick", "--parts=finetune", f"--out={tmp_path}") == 0
+    ft = json.loads((tmp_path / "device.json").read_text(encoding="utf-8"))["finetune"]
+    assert ft["skipped"] == "needs --imdb_path (a local aclImdb folder) and --bert_dir"
 
 
 def test_without_a_folder_the_lra_figure_is_named_and_skipped(tmp_path, capsys):
