@@ -307,6 +307,21 @@ FACTS: dict[str, Callable[[dict], str]] = {
     "imdb-seed0": lambda r: _pct(r["imdb"]["seeds"]["0"]["test_accuracy"]) + "%",
     "imdb-tfidf": lambda r: _pct(r["imdb"]["tfidf_word12_sublinear_logreg"]["test_accuracy"]) + "%",
 }
+
+
+def _finetune_mean(r: dict, row: str) -> str:
+    return _pct(np.mean([x["test_accuracy"] for x in _finetune_runs(r["finetune"], row)])) + "%"
+
+
+FACTS |= {
+    "finetune-seeds": lambda r: _seed_list(
+        [x["test_accuracy"] for x in _finetune_runs(r["finetune"], "finetuned")]
+    ),
+    "finetune-mean": lambda r: _finetune_mean(r, "finetuned"),
+    "finetune-off-mean": lambda r: _finetune_mean(r, "attention_off"),
+    "finetune-scratch-mean": lambda r: _finetune_mean(r, "scratch"),
+    "finetune-tfidf": lambda r: _finetune_mean(r, "tfidf"),
+}
 RENDER: dict[str, Callable[[dict], str]] = {
     "headline": headline,
     "verdict": verdict,

@@ -9,6 +9,7 @@ trained once per seed through `python -m experiments.train`'s own code:
   attention_off  finetuned with model.pretrained_layers=0: its embeddings alone, mean-pooled
   random_init    finetuned with model.pretrained_init=random: the architecture, no pretraining
   finetuned_bag  configs/finetune.py:bag: finetuned with the bag of n-grams beside it
+  finetuned_all_epochs  finetuned with train.patience=0: every epoch, the best validated kept
 
 The two rows that train a linear layer over fixed or shallow features get learning rate 1e-3,
 chosen on validation (the checkpoint's rows keep configs/finetune.py's 1e-4). `--rows` picks
@@ -43,6 +44,7 @@ ROWS: dict[str, tuple[str, dict] | None] = {
     ),
     "random_init": ("finetune.py", {"model.pretrained_init": "random"}),
     "finetuned_bag": ("finetune.py:bag", {}),
+    "finetuned_all_epochs": ("finetune.py", {"train.patience": 0}),
 }
 LABELS = {
     "tfidf": "word 1-2-gram TF-IDF + logistic regression",
@@ -52,6 +54,7 @@ LABELS = {
     "attention_off": "its embeddings alone, pooled and fine-tuned (attention off)",
     "random_init": "its architecture from random weights",
     "finetuned_bag": "fine-tuned with the bag of n-grams beside it",
+    "finetuned_all_epochs": "fine-tuned for all its epochs (no early stopping)",
 }
 # Published accuracies on these sentences (Pang and Lee's sentence polarity v1.0), for reading
 # the table; not measured here and not on this split (they are 10-fold cross-validation).
