@@ -28,7 +28,7 @@ from configs import finetune as finetune_config
 from experiments import cli, evaluate, parallel, predict, serving, train
 from experiments.data import batching, checkpoint_tokenizer, chosen, encoding, tokenizers
 from experiments.errors import UserError
-from experiments.training import checkpoints, classify, finetune, optim
+from experiments.training import baseline, checkpoints, classify, finetune, optim
 
 TINY_BERT = ROOT / "tests" / "data" / "bert" / "tiny_bert"
 POS = ["great", "superb", "moving", "good", "loved", "wonderful", "best", "fun"]
@@ -196,6 +196,20 @@ def test_attention_off_and_random_weights_train_through_the_same_command(csv, tm
     assert finetune.load(_config(csv, model__pretrained_layers=1)).encoder.num_layers == 1
     with pytest.raises(UserError, match="pretrained_layers=3: .* has 2 layers"):
         finetune.load(_config(csv, model__pretrained_layers=3))
+
+
+def test_a_fine_tune_fits_its_tfidf_baseline_on_the_texts_words(csv, tmp_path, capsys):
+    """The checkpoint's tokenizer has no n-grams of its own: the baseline takes the words of
+    English text and the characters of Chinese, as data.tokenizer=auto would."""
+    workdir = str(tmp_path / "b")
+    result = train.train_and_evaluate(
+        _config(csv, train__baseline=True, train__max_steps=2), workdir
+    )
+    assert result["baseline"]["features"].startswith("word 1-2-grams")
+    with open(os.path.join(workdir, "baseline.json"), encoding="utf-8") as f:
+        assert json.load(f)["num_train"] > 0
+    assert "baseline: fitting word 1-2-gram TF-IDF" in capsys.readouterr().err
+    assert baseline.features("pretrained", ["这本书很好看，值得一读"]) == ("char", (1, 3))
 
 
 def test_layer_decay_and_the_linear_schedule():

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from experiments import workdirs
+from experiments.data import chosen
 
 FILE = "baseline.json"
 GRID = (0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
@@ -66,6 +67,15 @@ def tfidf_logreg(
     }
 
 
+def features(tokenizer: str, texts: Sequence[str]) -> tuple[str, tuple[int, int]]:
+    """The baseline's n-grams for a run's data.tokenizer. A checkpoint's own tokenizer
+    ("pretrained") gets those of the tokenizer `data.tokenizer=auto` would choose for the texts:
+    characters for mostly-CJK text, else words."""
+    if tokenizer == "pretrained":
+        tokenizer = "char" if chosen.cjk_share(list(texts[:2000])) > 0.3 else "word"
+    return FEATURES[tokenizer]
+
+
 def fit_for_run(
     data_cfg, splits: Mapping[str, tuple[Sequence[str], np.ndarray]], workdir: str
 ) -> dict:
@@ -75,7 +85,7 @@ def fit_for_run(
     path = os.path.join(workdir, FILE)
     if os.path.exists(path):
         return workdirs.read_json(path)
-    analyzer, ngrams = FEATURES[data_cfg.tokenizer]
+    analyzer, ngrams = features(data_cfg.tokenizer, splits["train"][0])
     # After the last validation line the bar sits at its end while this runs (over a minute on
     # the default data): say what is running.
     print(
