@@ -230,12 +230,17 @@ def finetune_verdict(r: dict) -> str:
     ft = off["finetuned_mean"]
     if ft is None or off["bar"] is None or bar["bar"] is None:
         return "The fine-tuned encoder and its ablations are not all measured yet."
-    word = "earns its keep" if off["met"] and bar["met"] else "falls short of its targets"
+
+    def side(other: float) -> str:
+        return f"{_points(ft - other)} points {'above' if ft > other else 'below'}"
+
+    def met(t: dict) -> str:
+        return "met" if t["met"] else "missed"
+
     return (
-        f"Fine-tuned, attention {word}: {_points(ft - off['bar'])} points "
-        f"{'above' if ft > off['bar'] else 'below'} the same embeddings without it and "
-        f"{_points(ft - bar['bar'])} {'above' if ft > bar['bar'] else 'below'} the better of "
-        "TF-IDF and attn from scratch (targets: 5 points each)."
+        f"Fine-tuned, the pretrained encoder is {side(off['bar'])} the same embeddings without "
+        f"attention (target 5: {met(off)}) and {side(bar['bar'])} the better of TF-IDF and attn "
+        f"from scratch (target 5: {met(bar)})."
     )
 
 
@@ -321,6 +326,8 @@ FACTS |= {
     "finetune-off-mean": lambda r: _finetune_mean(r, "attention_off"),
     "finetune-scratch-mean": lambda r: _finetune_mean(r, "scratch"),
     "finetune-tfidf": lambda r: _finetune_mean(r, "tfidf"),
+    "finetune-frozen": lambda r: _finetune_mean(r, "frozen"),
+    "finetune-bag": lambda r: _finetune_mean(r, "finetuned_bag"),
 }
 RENDER: dict[str, Callable[[dict], str]] = {
     "headline": headline,

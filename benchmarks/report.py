@@ -567,7 +567,7 @@ def _summary_md(results: dict) -> list[str]:
     ]
     for key, (title, command) in SECTIONS.items():
         if key in results:
-            wall = results[key].get("wall_s", 0)
+            wall = _wall(results[key])
             lines.append(
                 f"| [{title.split(':')[0]}](#{anchor(title)}) | `{command}` | {wall / 60:.0f} min |"
             )
@@ -622,9 +622,20 @@ def write(results: dict, out: str) -> None:
         lines += _attention_md(sec, out) if fn is None else fn(sec)
         rss = f"; process peak RSS so far {_peak(sec) / 2**30:.2f} GiB" if _peak(sec) else ""
         quick = "; --quick" if sec.get("quick") else ""
-        lines += [f"_Section wall time {sec.get('wall_s', 0):.0f} s{rss}{quick}._", ""]
+        lines += [f"_Section wall time {_wall(sec):.0f} s{rss}{quick}._", ""]
     with open(os.path.join(out, "REPORT.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
+
+
+def _wall(sec: dict) -> float:
+    """A section's wall time: its runs' sum where it gathers them over several calls."""
+    if "runs" in sec:
+        return sum(x.get("wall_s", 0) for row in sec["runs"].values() for x in _runs(row))
+    return sec.get("wall_s", 0)
+
+
+def _runs(row: dict) -> list[dict]:
+    return list(row["seeds"].values()) if "seeds" in row else [row]
 
 
 def _peak(sec: dict) -> int:
