@@ -328,6 +328,7 @@ FACTS |= {
     "finetune-tfidf": lambda r: _finetune_mean(r, "tfidf"),
     "finetune-frozen": lambda r: _finetune_mean(r, "frozen"),
     "finetune-bag": lambda r: _finetune_mean(r, "finetuned_bag"),
+    "finetune-all-epochs": lambda r: _finetune_mean(r, "finetuned_all_epochs"),
 }
 RENDER: dict[str, Callable[[dict], str]] = {
     "headline": headline,
