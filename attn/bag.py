@@ -18,10 +18,15 @@ The table may start from naive Bayes log-count ratios of the training split (`do
 moves on from, instead of zeros.
 """
 
+import numbers
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
 __all__ = [
+    "beside",
+    "checked_orders",
     "document_counts",
     "logits",
     "naive_bayes_table",
@@ -39,6 +44,23 @@ def _fmix32(h: jax.Array) -> jax.Array:
     h = h ^ (h >> 13)
     h = h * jnp.uint32(0xC2B2AE35)
     return h ^ (h >> 16)
+
+
+def checked_orders(orders: Any, name: str, needed: bool) -> tuple[int, ...]:
+    """n-gram orders as a tuple (a list read back from JSON too), or ValueError naming the field
+    `name`: distinct integers >= 1, at least one when `needed` (its buckets are on)."""
+    if (
+        isinstance(orders, str | bytes)
+        or not hasattr(orders, "__iter__")
+        or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in orders)
+        or any(n < 1 for n in orders)
+        or len(set(orders)) != len(orders)
+        or (needed and len(orders) == 0)
+    ):
+        raise ValueError(
+            f"{name} must be a non-empty tuple of distinct integers >= 1; got {orders!r}"
+        )
+    return tuple(int(n) for n in orders)
 
 
 def ngram_buckets(tokens_BxL: jax.Array, orders: tuple[int, ...], buckets: int) -> jax.Array:
@@ -90,6 +112,25 @@ def logits(
         keep_OxBxL = jax.random.bernoulli(rng, 1.0 - dropout, w_OxBxL.shape)
         w_OxBxL = jnp.where(keep_OxBxL, w_OxBxL / (1.0 - dropout), 0.0)
     return jnp.einsum("obl,oblc->bc", w_OxBxL, table_VxC[sorted_OxBxL])
+
+
+def beside(
+    logits_BxC: jax.Array,
+    table_VxC: jax.Array,
+    ids_OxBxG: jax.Array,
+    real_BxG: jax.Array,
+    *,
+    dropout: float,
+    train: bool,
+    rng: jax.Array | None,
+) -> jax.Array:
+    """A model's logits [B, C] plus the bag's (`logits`), as attn's classifiers add them. The
+    bag's dropout key is folded from the model's rng rather than split from it, so a config
+    without the bag keeps its random streams."""
+    r_bag = jax.random.fold_in(rng, 1) if train else None
+    return logits_BxC + logits(
+        table_VxC, ids_OxBxG, real_BxG, dropout=dropout, train=train, rng=r_bag
+    )
 
 
 def document_counts(

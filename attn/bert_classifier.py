@@ -71,19 +71,8 @@ class Config:
             if isinstance(d, bool) or not isinstance(d, numbers.Real) or not 0.0 <= d < 1.0:
                 raise ValueError(f"Config.{name} must be a float in [0, 1); got {d!r}")
             object.__setattr__(self, name, float(d))
-        o = self.bag_orders
-        if (
-            isinstance(o, str | bytes)
-            or not hasattr(o, "__iter__")
-            or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in o)
-            or any(n < 1 for n in o)
-            or len(set(o)) != len(o)
-            or (self.bag_buckets > 0 and len(o) == 0)
-        ):
-            raise ValueError(
-                f"Config.bag_orders must be a non-empty tuple of distinct integers >= 1; got {o!r}"
-            )
-        object.__setattr__(self, "bag_orders", tuple(int(n) for n in o))  # a list from JSON
+        orders = bag.checked_orders(self.bag_orders, "Config.bag_orders", self.bag_buckets > 0)
+        object.__setattr__(self, "bag_orders", orders)
         if self.implementation not in IMPLEMENTATIONS:
             raise ValueError(
                 f"Config.implementation must be one of {IMPLEMENTATIONS}; got "
@@ -170,15 +159,14 @@ def apply(
     logits_BxC = v_BxD @ h["w"] + h["b"]
     if cfg.bag_buckets:
         read_BxG = tokens_BxL if bag_tokens_BxG is None else jnp.asarray(bag_tokens_BxG)
-        # fold_in rather than a third split: configs without the bag keep their random streams.
-        r_bag = jax.random.fold_in(rng, 1) if train else None
-        logits_BxC = logits_BxC + bag.logits(
+        logits_BxC = bag.beside(
+            logits_BxC,
             params["bag"],
             bag_ids(read_BxG, cfg),
             read_BxG != PAD,
             dropout=cfg.bag_dropout,
             train=train,
-            rng=r_bag,
+            rng=rng,
         )
     no_weights = any(w is None for w in weights)
     aux = {

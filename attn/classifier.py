@@ -119,20 +119,9 @@ class ModelConfig:
         integer("k_chunk", 1)
 
         def orders(name: str, buckets: str) -> None:
-            v = getattr(self, name)
-            if (
-                isinstance(v, str | bytes)
-                or not hasattr(v, "__iter__")
-                or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in v)
-                or any(n < 1 for n in v)
-                or len(set(v)) != len(v)
-                or (getattr(self, buckets) > 0 and len(v) == 0)
-            ):
-                raise ValueError(
-                    f"ModelConfig.{name} must be a non-empty tuple of distinct integers >= 1; "
-                    f"got {v!r}"
-                )
-            object.__setattr__(self, name, tuple(int(n) for n in v))
+            needed = getattr(self, buckets) > 0
+            v = bag.checked_orders(getattr(self, name), f"ModelConfig.{name}", needed)
+            object.__setattr__(self, name, v)
 
         integer("ngram_buckets", 0)
         orders("ngram_orders", "ngram_buckets")
@@ -337,15 +326,14 @@ def apply(
     logits_BxC = layers.dense(params["head"], pooled_BxX.astype(jnp.float32))
     if cfg.bag_buckets:
         read_BxG = tokens_BxL if bag_tokens_BxG is None else bag_tokens_BxG
-        # fold_in rather than a third split: configs without the bag keep their random streams.
-        r_bag = jax.random.fold_in(rng, 1) if train else None
-        logits_BxC = logits_BxC + bag.logits(
+        logits_BxC = bag.beside(
+            logits_BxC,
             params["bag"],
             bag_ids(read_BxG, cfg),
             read_BxG != PAD,
             dropout=cfg.bag_dropout,
             train=train,
-            rng=r_bag,
+            rng=rng,
         )
 
     nonempty_B = mask_BxL.any(-1).astype(jnp.float32)
