@@ -159,14 +159,6 @@ def _minutes(runs: list[dict]) -> str:
     return f"{min(walls):.0f}-{max(walls):.0f} min" if len(walls) > 1 else f"{walls[0]:.0f} min"
 
 
-def _finetune_runs(sec: dict, row: str) -> list[dict]:
-    """A row's runs of the finetune section, by seed; the tfidf row is its one fit."""
-    r = sec["runs"].get(row)
-    if r is None:
-        return []
-    return [r] if "seeds" not in r else [r["seeds"][k] for k in sorted(r["seeds"], key=int)]
-
-
 def _seed_words(sec: dict, row: str) -> str:
     keys = sorted(sec["runs"][row].get("seeds", {}), key=int)
     return f"seed{'s' if len(keys) > 1 else ''} {', '.join(keys)}" if keys else ""
@@ -179,7 +171,7 @@ def finetune_table(sec: dict) -> str:
         "| --- | --- | --- | --- | --- |",
     ]
     for row, label in finetune.LABELS.items():
-        runs = _finetune_runs(sec, row)
+        runs = finetune.runs(sec, row)
         if not runs:
             continue
         accs = [x["test_accuracy"] for x in runs]
@@ -213,7 +205,7 @@ def finetune_headline(r: dict) -> str:
         "tfidf": "TF-IDF + logistic regression",
     }
     for row, label in short.items():
-        runs = _finetune_runs(sec, row)
+        runs = finetune.runs(sec, row)
         if runs:
             seeds = f" ({_seed_words(sec, row)})" if row != "tfidf" else ""
             mean = np.mean([x["test_accuracy"] for x in runs])
@@ -315,12 +307,12 @@ FACTS: dict[str, Callable[[dict], str]] = {
 
 
 def _finetune_mean(r: dict, row: str) -> str:
-    return _pct(np.mean([x["test_accuracy"] for x in _finetune_runs(r["finetune"], row)])) + "%"
+    return _pct(np.mean([x["test_accuracy"] for x in finetune.runs(r["finetune"], row)])) + "%"
 
 
 FACTS |= {
     "finetune-seeds": lambda r: _seed_list(
-        [x["test_accuracy"] for x in _finetune_runs(r["finetune"], "finetuned")]
+        [x["test_accuracy"] for x in finetune.runs(r["finetune"], "finetuned")]
     ),
     "finetune-mean": lambda r: _finetune_mean(r, "finetuned"),
     "finetune-off-mean": lambda r: _finetune_mean(r, "attention_off"),

@@ -160,15 +160,18 @@ def _save(sec: dict, save: Callable[[dict], None]) -> None:
     save({**sec, "targets": targets(sec), "peak_rss_bytes": timing.peak_rss_bytes()})
 
 
-def mean_test(sec: dict, row: str) -> tuple[float | None, list[str]]:
-    """A row's mean test accuracy and the seeds it is over (None before any run)."""
+def runs(sec: dict, row: str) -> list[dict]:
+    """A row's runs, by seed ([] before any); the tfidf row is its one fit."""
     r = sec["runs"].get(row)
     if r is None:
-        return None, []
-    if "seeds" not in r:
-        return r["test_accuracy"], []
-    seeds = sorted(r["seeds"], key=int)
-    accs = [r["seeds"][s]["test_accuracy"] for s in seeds]
+        return []
+    return [r["seeds"][k] for k in sorted(r["seeds"], key=int)] if "seeds" in r else [r]
+
+
+def mean_test(sec: dict, row: str) -> tuple[float | None, list[str]]:
+    """A row's mean test accuracy and the seeds it is over (None before any run)."""
+    accs = [x["test_accuracy"] for x in runs(sec, row)]
+    seeds = sorted(sec["runs"].get(row, {}).get("seeds", {}), key=int)
     return (float(np.mean(accs)) if accs else None), seeds
 
 

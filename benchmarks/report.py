@@ -17,7 +17,7 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks import attention, docs  # noqa: E402
+from benchmarks import attention, docs, finetune  # noqa: E402
 
 
 def _met(t: dict) -> str:
@@ -630,12 +630,8 @@ def write(results: dict, out: str) -> None:
 def _wall(sec: dict) -> float:
     """A section's wall time: its runs' sum where it gathers them over several calls."""
     if "runs" in sec:
-        return sum(x.get("wall_s", 0) for row in sec["runs"].values() for x in _runs(row))
+        return sum(x.get("wall_s", 0) for row in sec["runs"] for x in finetune.runs(sec, row))
     return sec.get("wall_s", 0)
-
-
-def _runs(row: dict) -> list[dict]:
-    return list(row["seeds"].values()) if "seeds" in row else [row]
 
 
 def _peak(sec: dict) -> int:
