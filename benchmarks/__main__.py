@@ -7,6 +7,7 @@
   python -m benchmarks bert [--bert_dir=DIR/all-MiniLM-L6-v2]
   python -m benchmarks finetune --bert_dir=DIR/all-MiniLM-L6-v2 --data_path=FILE.csv
       [--seeds=0,1,2] [--rows=tfidf,scratch,frozen,finetuned,attention_off,...]
+  python -m benchmarks finetune --bert_dir=DIR/all-MiniLM-L6-v2 --rows=imdb --imdb_path=DIR/aclImdb
   python -m benchmarks device [--quick] [--imdb_path=DIR/aclImdb] [--lra_minutes=1.5]
       [--parts=attention,train,lra,bert,finetune] [--bert_dir=DIR/all-MiniLM-L6-v2]
 
@@ -64,6 +65,7 @@ SECTIONS = {
         fv.rows,
         prev,
         save=lambda sec: _save_section(fv.out, "finetune", sec),
+        imdb_path=fv.imdb_path,
     ),
 }
 ALL = ("attention", "train", "accuracy")

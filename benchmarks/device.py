@@ -41,9 +41,9 @@ import optax
 
 from attn.attention import IMPLEMENTATIONS, Attention
 from attn.attention import attention as attend
-from benchmarks import accuracy, config_file, finetune, lra, timing
 from benchmarks import attention as attention_section
 from benchmarks import bert as bert_section
+from benchmarks import config_file, finetune, lra, timing
 from experiments import fields, parallel, train
 from experiments.errors import UserError
 from experiments.training import classify, optim
@@ -406,38 +406,6 @@ def lra_run(sizes: Sizes, imdb_path: str, minutes: float) -> dict:
 
 
 FINETUNE = "IMDB fine-tuned test accuracy"
-# Published IMDB test accuracies the fine-tune is read against.
-IMDB_BARS = {"NBSVM (Wang and Manning 2012)": 0.9122, "DistilBERT (Sanh et al. 2019)": 0.928}
-
-
-def finetune_run(quick: bool, imdb_path: str, bert_dir: str, seeds: list[str]) -> dict:
-    """configs/finetune.py:imdb on a local aclImdb folder, once per seed (`--quick`: the tiny
-    checkpoint, 32 tokens, 2 steps), against IMDB_BARS."""
-    figure = {"figure": FINETUNE, "config": "finetune.py:imdb"}
-    bert_dir = bert_dir or (finetune.TINY_BERT if quick else "")
-    if not imdb_path or not bert_dir:
-        return {**figure, "skipped": "needs --imdb_path (a local aclImdb folder) and --bert_dir"}
-    runs = {}
-    for seed in seeds:
-        config = config_file("finetune.py:imdb")
-        with config.unlocked():
-            config.data.path = imdb_path
-            config.model.pretrained = bert_dir
-            config.train.seed = int(seed)
-            config.train.baseline = False
-            if quick:  # tiny_bert has 40 positions
-                config.data.max_len, config.data.tail_len, config.data.buckets = 32, 24, (32,)
-                config.train.max_steps = config.train.eval_every_steps = 2
-                config.train.checkpoint_every_steps = 2
-        r = accuracy.train_variant(config)
-        runs[seed] = {k: r[k] for k in ("test_accuracy", "best_validation_accuracy", "wall_s")}
-        print(
-            f"IMDB fine-tuned, seed {seed}: test accuracy {r['test_accuracy']:.4f} "
-            f"({r['wall_s']:.0f} s)"
-        )
-    accs = [r["test_accuracy"] for r in runs.values()]
-    above = {name: min(accs) > bar for name, bar in IMDB_BARS.items()}
-    return {**figure, "bert_dir": bert_dir, "seeds": runs, "every_seed_above": above}
 
 
 def run(
@@ -495,7 +463,10 @@ def run(
     if "bert" in parts:
         result["bert"] = bert_rows(sizes, matmul)
     if "finetune" in parts:
-        result["finetune"] = finetune_run(quick, imdb_path, bert_dir, list(seeds))
+        result["finetune"] = {
+            "figure": FINETUNE,
+            **finetune.imdb_runs(quick, imdb_path, bert_dir, list(seeds), "finetune.py:imdb"),
+        }
     result["wall_s"] = time.perf_counter() - start
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "device.json")

@@ -229,11 +229,50 @@ def finetune_verdict(r: dict) -> str:
     def met(t: dict) -> str:
         return "met" if t["met"] else "missed"
 
-    return (
+    said = (
         f"Fine-tuned, the pretrained encoder is {side(off['bar'])} the same embeddings without "
         f"attention (target 5: {met(off)}) and {side(bar['bar'])} the better of TF-IDF and attn "
         f"from scratch (target 5: {met(bar)})."
     )
+    bag = [x["test_accuracy"] for x in finetune.runs(sec, "finetuned_bag")]
+    if bag:
+        gap = np.mean(bag) - bar["bar"]
+        said += (
+            f" With the bag of n-grams beside it ({_seed_words(sec, 'finetuned_bag')}): "
+            f"{_pct(np.mean(bag))}%, {_points(gap)} points {'above' if gap > 0 else 'below'} "
+            "that better of the two."
+        )
+    return said
+
+
+def finetune_imdb(sec: dict) -> str:
+    """The finetune section's IMDB row: each seed's test accuracy against IMDB_BARS."""
+    imdb = sec.get("imdb", {})
+    seeds = imdb.get("seeds", {})
+    if not seeds:
+        return "The IMDB fine-tune is not measured yet."
+    lines = [
+        "| IMDB official split | test accuracy | best validation | wall time |",
+        "| --- | --- | --- | --- |",
+    ]
+    for seed in sorted(seeds, key=int):
+        x = seeds[seed]
+        lines.append(
+            f"| `configs/{imdb['config']}`, seed {seed} | {_pct(x['test_accuracy'])}% | "
+            f"{_pct(x['best_validation_accuracy'])}% (step {x['best_step']}) | "
+            f"{_minutes([x])} |"
+        )
+    above = imdb["every_seed_above"]
+    lines.append("")
+    lines.append(
+        "Every seed run above "
+        + "; ".join(
+            f"{name}'s {_pct(finetune.IMDB_BARS[name])}%: {'yes' if ok else 'no'}"
+            for name, ok in above.items()
+        )
+        + "."
+    )
+    return "\n".join(lines)
 
 
 def _range(xs: list[float], fmt: str = ".2f") -> str:
@@ -321,6 +360,9 @@ FACTS |= {
     "finetune-frozen": lambda r: _finetune_mean(r, "frozen"),
     "finetune-bag": lambda r: _finetune_mean(r, "finetuned_bag"),
     "finetune-all-epochs": lambda r: _finetune_mean(r, "finetuned_all_epochs"),
+    "finetune-bag-seeds": lambda r: _seed_list(
+        [x["test_accuracy"] for x in finetune.runs(r["finetune"], "finetuned_bag")]
+    ),
 }
 RENDER: dict[str, Callable[[dict], str]] = {
     "headline": headline,
@@ -331,6 +373,7 @@ RENDER: dict[str, Callable[[dict], str]] = {
     "finetune": lambda r: finetune_table(r["finetune"]),
     "finetune-headline": finetune_headline,
     "finetune-verdict": finetune_verdict,
+    "finetune-imdb": lambda r: finetune_imdb(r["finetune"]),
     **FACTS,
 }
 

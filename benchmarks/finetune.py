@@ -56,6 +56,10 @@ LABELS = {  # in the order the table shows them: the fine-tune, its variants and
     "scratch": "attn from scratch (`configs/csv.py`)",
     "tfidf": "word 1-2-gram TF-IDF + logistic regression",
 }
+# Published IMDB test accuracies the IMDB fine-tune is read against.
+IMDB_BARS = {"NBSVM (Wang and Manning 2012)": 0.9122, "DistilBERT (Sanh et al. 2019)": 0.928}
+# The IMDB row's recipe on these cores: configs/finetune.py:imdb cut to fit (the device's is whole).
+IMDB_CPU = "finetune.py:imdb_cpu"
 # Published accuracies on these sentences (Pang and Lee's sentence polarity v1.0), for reading
 # the table; not measured here and not on this split (they are 10-fold cross-validation).
 ANCHORS = {
@@ -96,17 +100,25 @@ def run(
     rows: list[str],
     previous: dict | None,
     save: Callable[[dict], None],
+    imdb_path: str = "",
 ) -> dict:
-    """The finetune section of results.json; `save(section)` after every run."""
-    unknown = [r for r in rows if r not in ROWS]
+    """The finetune section of results.json; `save(section)` after every run. The `imdb` row
+    trains IMDB_CPU on `imdb_path`'s official split instead of `data_path`'s texts."""
+    unknown = [r for r in rows if r not in ROWS and r != "imdb"]
     if unknown:
-        raise UserError(f"--rows: unknown {', '.join(unknown)}; known: {', '.join(ROWS)}")
-    if not data_path:
+        known = ", ".join((*ROWS, "imdb"))
+        raise UserError(f"--rows: unknown {', '.join(unknown)}; known: {known}")
+    split_rows = [r for r in rows if r in ROWS]
+    if split_rows and not data_path:
         raise UserError("finetune needs --data_path=FILE (a CSV of text,label)")
+    if "imdb" in rows and not (imdb_path and os.path.isdir(imdb_path)):
+        raise UserError("the imdb row needs --imdb_path=DIR (an unpacked aclImdb folder)")
     bert_dir = bert_dir or (TINY_BERT if quick else "")
     if not bert_dir:
         raise UserError("finetune needs --bert_dir=DIR (a BERT-family model directory)")
-    previous = previous or {}
+    previous, imdb_bert = previous or {}, bert_dir
+    if not split_rows:  # the text file's rows stay as they were
+        data_path, bert_dir = previous.get("data_path", ""), previous.get("bert_dir", bert_dir)
     same_source = (
         previous.get("data_path") == data_path
         and previous.get("bert_dir") == bert_dir
@@ -119,6 +131,8 @@ def run(
         "anchors": ANCHORS,
         "runs": dict(previous.get("runs", {})) if same_source else {},
     }
+    if "imdb" in previous:
+        sec["imdb"] = previous["imdb"]
     if "tfidf" in rows:
         start = time.perf_counter()
         data = row_config("finetuned", quick, data_path, bert_dir).data
@@ -151,9 +165,69 @@ def run(
                 f"{r['best_validation_accuracy']:.4f} ({r['wall_s']:.0f} s)"
             )
             _save(sec, save)
+    if "imdb" in rows:
+
+        def save_imdb(r: dict) -> None:
+            sec["imdb"] = r
+            _save(sec, save)
+
+        imdb_runs(quick, imdb_path, imdb_bert, seeds, IMDB_CPU, sec.get("imdb"), save_imdb)
     sec["targets"] = targets(sec)
     sec["peak_rss_bytes"] = timing.peak_rss_bytes()
     return sec
+
+
+def imdb_runs(
+    quick: bool,
+    imdb_path: str,
+    bert_dir: str,
+    seeds: list[str],
+    variant: str,
+    previous: dict | None = None,
+    save: Callable[[dict], None] = lambda r: None,
+) -> dict:
+    """configs/<variant> (an IMDB variant of finetune.py) trained on a local aclImdb folder's
+    official split once per seed, against IMDB_BARS; `--quick`: the tiny checkpoint, 32 tokens,
+    2 steps. Seeds in `previous` are kept while the recipe, folder and checkpoint are the same;
+    `save(result)` after every seed."""
+    bert_dir = bert_dir or (TINY_BERT if quick else "")
+    if not imdb_path or not bert_dir:
+        return {
+            "config": variant,
+            "skipped": "needs --imdb_path (an aclImdb folder) and --bert_dir",
+        }
+    config = config_file(variant)
+    with config.unlocked():
+        config.data.path = imdb_path
+        config.model.pretrained = bert_dir
+        config.train.baseline = False
+        if quick:  # tiny_bert has 40 positions
+            config.data.max_len, config.data.tail_len, config.data.buckets = 32, 24, (32,)
+            config.data.bag_len = 0
+            config.model.bag_buckets = min(config.model.bag_buckets, 1 << 10)
+            config.train.max_steps = config.train.eval_every_steps = 2
+            config.train.checkpoint_every_steps = 2
+    recipe = json.loads(json.dumps(config.to_dict()))
+    del recipe["train"]["seed"]
+    previous = previous or {}
+    same = previous.get("recipe") == recipe and previous.get("quick") == quick
+    out = {"config": variant, "recipe": recipe, "quick": quick, "bert_dir": bert_dir}
+    out["seeds"] = dict(previous.get("seeds", {})) if same else {}
+    for seed in seeds:
+        with config.unlocked():
+            config.train.seed = int(seed)
+        r = train_variant(config)
+        out["seeds"][seed] = {
+            k: r[k] for k in ("test_accuracy", "best_validation_accuracy", "best_step", "wall_s")
+        }
+        accs = [x["test_accuracy"] for x in out["seeds"].values()]
+        out["every_seed_above"] = {name: min(accs) > bar for name, bar in IMDB_BARS.items()}
+        print(
+            f"IMDB fine-tuned ({variant}), seed {seed}: test {r['test_accuracy']:.4f}, best "
+            f"validation {r['best_validation_accuracy']:.4f} ({r['wall_s']:.0f} s)"
+        )
+        save(out)
+    return out
 
 
 def _save(sec: dict, save: Callable[[dict], None]) -> None:

@@ -489,6 +489,18 @@ def _finetune_md(sec: dict) -> list[str]:
         lines.append(f"- {t['target']}: {_met(t)}{gap}.")
     anchors = "; ".join(f"{k} {v:.1%}" for k, v in sec["anchors"].items())
     lines += ["", f"Published on these sentences (10-fold cross-validation): {anchors}.", ""]
+    if "imdb" in sec:
+        lines += [
+            "### IMDB",
+            "",
+            f"`configs/{finetune.IMDB_CPU}` on IMDB's official split, read on test once: the "
+            "encoder reads 128 tokens (the first 32 and last 96) for one epoch, the bag of "
+            "n-grams beside it up to 1,024. Command: `python -m benchmarks finetune "
+            "--bert_dir=DIR/all-MiniLM-L6-v2 --rows=imdb --imdb_path=DIR/aclImdb --seeds=0`.",
+            "",
+            docs.finetune_imdb(sec),
+            "",
+        ]
     return lines
 
 
@@ -630,7 +642,9 @@ def write(results: dict, out: str) -> None:
 def _wall(sec: dict) -> float:
     """A section's wall time: its runs' sum where it gathers them over several calls."""
     if "runs" in sec:
-        return sum(x.get("wall_s", 0) for row in sec["runs"] for x in finetune.runs(sec, row))
+        imdb = sec.get("imdb", {}).get("seeds", {}).values()
+        runs = [x for row in sec["runs"] for x in finetune.runs(sec, row)]
+        return sum(x.get("wall_s", 0) for x in [*runs, *imdb])
     return sec.get("wall_s", 0)
 
 

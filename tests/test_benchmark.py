@@ -12,7 +12,7 @@ from conftest import ROOT, make_aclimdb, tiny_config
 
 from attn import classifier
 from benchmarks import __main__ as bench_main
-from benchmarks import accuracy, attention, flax_twin, report, timing, train_step
+from benchmarks import accuracy, attention, docs, finetune, flax_twin, report, timing, train_step
 from benchmarks import bert as bert_section
 from experiments import cli
 
@@ -266,3 +266,20 @@ def test_finetune_section_accumulates_rows_and_seeds_and_judges_its_targets(tmp_
     assert "--rows: unknown nope" in capsys.readouterr().err
     assert cli.run(bench_main.define_flags, bench_main.main, argv[:4]) == 2
     assert "finetune needs --data_path=FILE" in capsys.readouterr().err
+
+    # The imdb row trains on an aclImdb folder's official split and keeps the text file's rows.
+    make_aclimdb(tmp_path / "aclImdb")
+    assert run("--rows=imdb", "--seeds=1") == 2
+    assert "the imdb row needs --imdb_path=DIR" in capsys.readouterr().err
+    imdb = ["--rows=imdb", f"--imdb_path={tmp_path / 'aclImdb'}"]
+    assert cli.run(bench_main.define_flags, bench_main.main, [*argv[:4], *imdb, "--seeds=1"]) == 0
+    sec = results()
+    assert sorted(sec["runs"]["finetuned"]["seeds"]) == ["0", "1"] and sec["data_path"] == str(data)
+    ran = sec["imdb"]
+    assert ran["config"] == finetune.IMDB_CPU and sorted(ran["seeds"]) == ["1"]
+    assert ran["recipe"]["data"]["dataset"] == "imdb_reviews"
+    assert ran["recipe"]["data"]["path"] == str(tmp_path / "aclImdb")
+    acc = ran["seeds"]["1"]["test_accuracy"]
+    assert ran["every_seed_above"] == {n: acc > b for n, b in finetune.IMDB_BARS.items()}
+    assert "### IMDB" in (out / "REPORT.md").read_text(encoding="utf-8")
+    assert f"seed 1 | {100 * acc:.2f}%" in docs.finetune_imdb(sec)

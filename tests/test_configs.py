@@ -15,7 +15,7 @@ VARIANTS = {
     "imdb": (None, "tiny", "pretrained"),
     "sst2": (None, "tiny"),
     "lra_text": (None, "4k", "tiny"),
-    "finetune": (None, "tiny", "imdb", "sst2", "bag"),
+    "finetune": (None, "tiny", "imdb", "imdb_cpu", "sst2", "bag"),
 }
 
 

@@ -8,7 +8,7 @@ import pytest
 from conftest import make_aclimdb
 
 from benchmarks import __main__ as bench_main
-from benchmarks import device
+from benchmarks import device, finetune
 from experiments import cli
 
 
@@ -72,11 +72,12 @@ def test_the_imdb_fine_tune_runs_each_seed_on_the_folder_and_reads_it_against_th
     assert sorted(ft["seeds"]) == ["0", "1"] and ft["bert_dir"].endswith("tiny_bert")
     accs = [r["test_accuracy"] for r in ft["seeds"].values()]
     assert all(0.0 <= a <= 1.0 for a in accs)
-    assert ft["every_seed_above"] == {n: min(accs) > b for n, b in device.IMDB_BARS.items()}
-    assert "IMDB fine-tuned, seed 1: test accuracy" in capsys.readouterr().out
+    assert ft["every_seed_above"] == {n: min(accs) > b for n, b in finetune.IMDB_BARS.items()}
+    assert ft["config"] == "finetune.py:imdb"
+    assert "IMDB fine-tuned (finetune.py:imdb), seed 1: test" in capsys.readouterr().out
     assert _run("--quick", "--parts=finetune", f"--out={tmp_path}") == 0
     ft = json.loads((tmp_path / "device.json").read_text(encoding="utf-8"))["finetune"]
-    assert ft["skipped"] == "needs --imdb_path (a local aclImdb folder) and --bert_dir"
+    assert ft["skipped"] == "needs --imdb_path (an aclImdb folder) and --bert_dir"
 
 
 def test_without_a_folder_the_lra_figure_is_named_and_skipped(tmp_path, capsys):
