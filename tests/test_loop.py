@@ -120,14 +120,17 @@ def test_metrics_are_read_one_step_late(tmp_path):
     assert train_rows == [1, 2, 3, 4, 5, 6]
 
 
-def test_patience_stops_early_and_a_rerun_does_not_train_on(tmp_path):
+def test_patience_stops_early_and_a_rerun_does_not_train_on(tmp_path, capsys):
     fake = Fake(str(tmp_path), ACCURACY)
     best = fake.run(total_steps=15, patience=2)
     assert fake.stepped == list(range(1, 13))  # evaluations 9 and 12 did not beat step 6
     assert int(best["step"]) == 6 and _steps_saved(str(tmp_path), checkpoints.LAST)[-1] == 12
+    capsys.readouterr()
     again = Fake(str(tmp_path), ACCURACY)
     best_again = again.run(total_steps=15, patience=2)
     assert again.stepped == [] and int(best_again["step"]) == 6
+    said = "resuming from step 12 of 15; nothing left to train (it stopped early there"
+    assert said in capsys.readouterr().err
 
 
 def test_a_run_that_died_resumes_to_the_uninterrupted_state(tmp_path):

@@ -146,7 +146,7 @@ def test_notebook_runs_every_cell_on_cpu(tfds_dir, tmp_path, monkeypatch):
     (page,) = outputs(code[7], "text/html")
     shown = re.sub(r"<rt>.*?</rt>|<[^>]+>", "", page["data"]["text/html"])  # tokens, no weights
     assert "质量很好，很满意" in shown  # TEXTS = []: the examples in the training texts' language
-    assert "resuming from step 6 of 6" in text(rerun)
+    assert "resuming from step 6 of 6; nothing left to train" in text(rerun)
     assert (work / "tiny" / "metrics.jsonl").read_text(encoding="utf-8") == metrics_before
 
 

@@ -62,7 +62,11 @@ def run(r: Run) -> Any:
             multihost_utils.sync_global_devices("workdir read")
         if parallel.is_primary():
             if start:
-                print(f"resuming from step {start} of {r.total_steps}", file=sys.stderr)
+                # A finished or early-stopped run only evaluates again: say so, not "resuming".
+                done = meta.get("stopped_early") or start >= r.total_steps
+                why = " (it stopped early there, train.patience)" if start < r.total_steps else ""
+                left = f"; nothing left to train{why}" if done else ""
+                print(f"resuming from step {start} of {r.total_steps}{left}", file=sys.stderr)
             # Only now, every check passed: a refused run leaves no config or vocabulary behind.
             r.write_run_files()
         if not meta.get("stopped_early"):
