@@ -88,6 +88,15 @@ def headline(r: dict) -> str:
         f"{_seed_list(imdb)} | {_mean_std(imdb)} |",
         f"| | {ib['features']} TF-IDF + logistic regression | {_pct(ib['test_accuracy'])}% | |",
     ]
+    ft = r.get("finetune", {}).get("imdb", {})
+    if ft.get("seeds"):
+        accs = _seeds(ft["seeds"])
+        seeds = ", ".join(sorted(ft["seeds"], key=int))
+        mean = f" {_mean_std(accs)} " if len(accs) > 1 else " "
+        rows.append(
+            f"| | all-MiniLM-L6-v2 fine-tuned (`configs/{ft['config']}`) | {_seed_list(accs)} "
+            f"(seed{'s' if len(accs) > 1 else ''} {seeds}) |{mean}|"
+        )
     return "\n".join(rows)
 
 

@@ -72,6 +72,7 @@ def _headline_numbers() -> set[str]:
     runs.append(im["tfidf_word12_sublinear_logreg"])
     for row in RESULTS.get("finetune", {}).get("runs", {}).values():
         runs += [*row["seeds"].values()] if "seeds" in row else [row]
+    runs += RESULTS.get("finetune", {}).get("imdb", {}).get("seeds", {}).values()
     return {f"{100 * r['test_accuracy']:.2f}" for r in runs}
 
 
