@@ -95,7 +95,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             config.optim.warmup_steps = 53  # 7.5% of the steps, as the data rule would choose
             config.train.eval_every_steps = config.train.checkpoint_every_steps = 176  # 4 times
             config.data.bag_len = -1  # chosen from the data: up to 1,024 tokens
-        elif arg == "sst2":  # 67,349 training sentences: 2,105 steps an epoch
+        if arg == "sst2":  # 67,349 training sentences: 2,105 steps an epoch
             config.data.dataset = "glue/sst2"
             config.data.max_len = 64
             config.data.tail_len = 0
