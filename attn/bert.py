@@ -71,10 +71,12 @@ __all__ = [
     "ARCHITECTURES",
     "CheckpointError",
     "Config",
+    "attention_steps",
     "embed",
     "encode",
     "first_layers",
     "init",
+    "input_embeddings",
     "load",
     "param_count",
     "pool",
@@ -262,6 +264,22 @@ def _check_inputs(
     return ids_BxL, mask_BxL, types_BxL
 
 
+def input_embeddings(
+    params: dict,
+    cfg: Config,
+    ids_BxL: jax.Array,
+    mask_BxL: jax.Array,
+    types_BxL: jax.Array | None = None,
+) -> jax.Array:
+    """word + position + token type [B, L, D] float32: what the embeddings' LayerNorm normalises,
+    the input gradient × input attributes to. Ids must lie in [0, vocab_size): a gather cannot
+    check values under jit."""
+    ids_BxL, mask_BxL, types_BxL = _check_inputs(params, cfg, ids_BxL, mask_BxL, types_BxL)
+    e = params["embed"]
+    x_BxLxD = e["tokens"][ids_BxL] + e["positions"][positions(cfg, mask_BxL)]
+    return x_BxLxD + e["types"][types_BxL]
+
+
 def embed(
     params: dict,
     cfg: Config,
@@ -271,16 +289,15 @@ def embed(
     *,
     train: bool = False,
     rng: jax.Array | None = None,
+    delta_BxLxD: jax.Array | None = None,
 ) -> jax.Array:
-    """LN(word + position + token type) -> [B, L, D] in cfg.dtype (summed and normalised in
-    float32), then dropout in training. Ids must lie in [0, vocab_size): a gather cannot check
-    values under jit."""
-    ids_BxL, mask_BxL, types_BxL = _check_inputs(params, cfg, ids_BxL, mask_BxL, types_BxL)
-    e = params["embed"]
-    x_BxLxD = e["tokens"][ids_BxL] + e["positions"][positions(cfg, mask_BxL)]
-    x_BxLxD = x_BxLxD + e["types"][types_BxL]
-    x_BxLxD = layers.layer_norm(e["ln"], x_BxLxD, cfg.layer_norm_eps).astype(DTYPES[cfg.dtype])
-    return layers.dropout(x_BxLxD, cfg.dropout, train=train, rng=rng)
+    """LN(`input_embeddings` + delta_BxLxD, if given) -> [B, L, D] in cfg.dtype (summed and
+    normalised in float32), then dropout in training."""
+    x_BxLxD = input_embeddings(params, cfg, ids_BxL, mask_BxL, types_BxL)
+    if delta_BxLxD is not None:
+        x_BxLxD = x_BxLxD + delta_BxLxD
+    x_BxLxD = layers.layer_norm(params["embed"]["ln"], x_BxLxD, cfg.layer_norm_eps)
+    return layers.dropout(x_BxLxD.astype(DTYPES[cfg.dtype]), cfg.dropout, train=train, rng=rng)
 
 
 def _block(
@@ -323,6 +340,7 @@ def encode(
     train: bool = False,
     rng: jax.Array | None = None,
     return_weights: bool = False,
+    embed_delta_BxLxD: jax.Array | None = None,
 ) -> jax.Array | tuple[jax.Array, list]:
     """Token ids [B, L], mask [B, L] (True or 1 = real token) and token types [B, L] (default 0)
     -> the last hidden states [B, L, D] in cfg.dtype; with return_weights, (those states, each
@@ -333,12 +351,22 @@ def encode(
     default; e.g. ``attn.Attention(implementation="chunked")`` for memory linear in L.
     train=True applies cfg.dropout and cfg.attention_dropout and needs rng (attention dropout
     needs the "matrix" implementation; use ``dataclasses.replace(cfg, attention_dropout=0.0)``
-    with another one).
+    with another one). embed_delta_BxLxD, if given, is added to the input embeddings before their
+    LayerNorm (`embed`): gradient × input differentiates with respect to it.
     """
     if train and rng is None and (cfg.dropout > 0.0 or cfg.attention_dropout > 0.0):
         raise ValueError("bert.encode: train=True with dropout > 0 needs an rng key; got None")
     r_embed, r_layers = jax.random.split(rng) if train and rng is not None else (None, None)
-    x_BxLxD = embed(params, cfg, ids_BxL, mask_BxL, types_BxL, train=train, rng=r_embed)
+    x_BxLxD = embed(
+        params,
+        cfg,
+        ids_BxL,
+        mask_BxL,
+        types_BxL,
+        train=train,
+        rng=r_embed,
+        delta_BxLxD=embed_delta_BxLxD,
+    )
     mask_BxL = jnp.asarray(mask_BxL).astype(bool)
     block = functools.partial(_block, cfg=cfg, attend=attend, train=train)
     batch = x_BxLxD.shape[0]
@@ -355,6 +383,39 @@ def encode(
         )
         weights.append(w_BxHxLxL)
     return (x_BxLxD, weights) if return_weights else x_BxLxD
+
+
+def attention_steps(
+    params: dict,
+    cfg: Config,
+    ids_L: jax.Array,
+    mask_L: jax.Array,
+    *,
+    layer: int = 0,
+    score: str | scores.Score = "scaled_dot",
+) -> multihead.Steps:
+    """Step-by-step values of layer `layer`'s self-attention on one sequence of ids [L] with mask
+    [L], as in evaluation (no dropout), with the matrix form of `score` (the checkpoints':
+    scaled_dot). The blocks are post-LayerNorm, so X is the layer's input as it is: the
+    embeddings after their LayerNorm for layer 0, else the previous block's output (which ends
+    in a LayerNorm)."""
+    if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
+        raise TypeError(f"layer must be an int; got {layer!r}")
+    if not 0 <= layer < cfg.num_layers:
+        raise ValueError(f"layer must be in [0, {cfg.num_layers}); got {layer}")
+    ids_L, mask_L = jnp.asarray(ids_L), jnp.asarray(mask_L)
+    if ids_L.ndim != 1:
+        raise ValueError(f"token ids must be one sequence [L]; got shape {ids_L.shape}")
+    x_LxD = embed(params, cfg, ids_L[None], mask_L[None])[0]
+    mask_L = mask_L.astype(bool)
+    attend = functools.partial(attention, score=score)
+    for i in range(layer):
+        x_LxD, _ = _block(
+            params[f"layer_{i}"], x_LxD, mask_L, None, cfg=cfg, attend=attend, train=False
+        )
+    return multihead.steps(
+        params[f"layer_{layer}"]["mha"], x_LxD, mask_L, num_heads=cfg.num_heads, score=score
+    )
 
 
 def pool(params: dict, h_BxLxD: jax.Array) -> jax.Array:

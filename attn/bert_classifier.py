@@ -15,8 +15,8 @@ Params (plain dicts, float32): {"encoder": `bert.init`'s or `bert.load`'s params
 "head": {"w": [D, C], "b": [C]}, "bag": [bag_buckets, C] if bag_buckets}. Token id 0 is padding
 (the mask is ids != 0): the pretrained tokenizers this serves pad with id 0, as BERT's [PAD] is.
 
-`apply` has `attn.classifier.apply`'s signature and aux, so one train step and evaluation serve
-both models.
+`apply`, `embed` and `attention_steps` have `attn.classifier`'s signatures (and `apply` its
+aux), so one train step, evaluation, the pictures and `attn.importance` serve both models.
 """
 
 import dataclasses
@@ -26,10 +26,20 @@ import numbers
 import jax
 import jax.numpy as jnp
 
-from attn import bag, bert, layers, pooling
+from attn import bag, bert, layers, multihead, pooling
 from attn.attention import IMPLEMENTATIONS, attention
 
-__all__ = ["PAD", "POOLINGS", "Config", "apply", "attend", "bag_ids", "init"]
+__all__ = [
+    "PAD",
+    "POOLINGS",
+    "Config",
+    "apply",
+    "attend",
+    "attention_steps",
+    "bag_ids",
+    "embed",
+    "init",
+]
 
 PAD = 0
 POOLINGS = ("cls", "mean")
@@ -113,6 +123,24 @@ def bag_ids(tokens_BxL: jax.Array, cfg: Config) -> jax.Array:
     return bag.ngram_buckets(tokens_BxL, cfg.bag_orders, cfg.bag_buckets)
 
 
+def embed(params: dict, tokens_BxL: jax.Array, cfg: Config) -> jax.Array:
+    """The input embeddings [B, L, D] float32 of token ids [B, L]: word + position + token type,
+    before the encoder's first LayerNorm (`bert.input_embeddings`)."""
+    tokens_BxL = jnp.asarray(tokens_BxL)
+    return bert.input_embeddings(params["encoder"], cfg.encoder, tokens_BxL, tokens_BxL != PAD)
+
+
+def attention_steps(
+    params: dict, tokens_L: jax.Array, cfg: Config, *, layer: int = 0
+) -> multihead.Steps:
+    """Layer `layer`'s self-attention on one sequence of ids [L] step by step, PAD keys masked
+    (`bert.attention_steps`)."""
+    tokens_L = jnp.asarray(tokens_L)
+    return bert.attention_steps(
+        params["encoder"], cfg.encoder, tokens_L, tokens_L != PAD, layer=layer
+    )
+
+
 def apply(
     params: dict,
     tokens_BxL: jax.Array,
@@ -129,10 +157,8 @@ def apply(
 
     bag_tokens_BxG, if given, is what the bag reads instead of tokens_BxL (more of each text,
     G >= L); without a bag it is ignored, as `attn.classifier.apply` ignores it.
-    embed_delta_BxLxD exists for that signature: this model has no adversarial input, and
-    refuses it."""
-    if embed_delta_BxLxD is not None:
-        raise ValueError("bert_classifier: no adversarial embedding delta")
+    embed_delta_BxLxD, if given, is added to the input embeddings (`embed`) before their
+    LayerNorm."""
     if train and rng is None:
         raise ValueError("bert_classifier: train=True needs an rng key for dropout; got rng=None")
     tokens_BxL = jnp.asarray(tokens_BxL)
@@ -147,6 +173,7 @@ def apply(
         train=train,
         rng=r_enc,
         return_weights=True,
+        embed_delta_BxLxD=embed_delta_BxLxD,
     )
     if cfg.pooling == "mean":
         v_BxD = jax.vmap(pooling.mean_pool)(h_BxLxD, mask_BxL)

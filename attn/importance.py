@@ -26,8 +26,10 @@ when only they are kept; higher comprehensiveness and lower sufficiency mean the
 what the prediction rests on. `logit_halves` splits a model's logits into the encoder's and the
 bag's: attention and gradient × input can only explain the first.
 
-Every function here is pure and jit-able, with `cfg` static; attention weights are computed with
-the matrix form whatever cfg.implementation says (the same function of the same parameters).
+Every function here is pure and jit-able, with `cfg` static: an `attn.classifier.ModelConfig`, or
+a fine-tuned encoder's `attn.bert_classifier.Config` (whose input embedding is word + position +
+token type, before the embeddings' LayerNorm). Attention weights are computed with the matrix form
+whatever cfg.implementation says (the same function of the same parameters).
 """
 
 import dataclasses
@@ -36,8 +38,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from attn import classifier
-from attn.classifier import PAD, ModelConfig
+from attn import bert_classifier, classifier
+from attn.classifier import PAD
+
+ModelConfig = classifier.ModelConfig | bert_classifier.Config
 
 __all__ = [
     "Bag",
@@ -70,14 +74,23 @@ class Bag(NamedTuple):
 
 def has_attention(cfg: ModelConfig) -> bool:
     """Whether the model has attention weights to read: an encoder layer or structured pooling."""
-    return cfg.num_layers > 0 or cfg.pooling == "structured"
+    return _num_layers(cfg) > 0 or cfg.pooling == "structured"
+
+
+def _model(cfg: ModelConfig):
+    """The module whose `apply` and `embed` serve cfg: attn.bert_classifier or attn.classifier."""
+    return bert_classifier if isinstance(cfg, bert_classifier.Config) else classifier
+
+
+def _num_layers(cfg: ModelConfig) -> int:
+    return cfg.encoder.num_layers if isinstance(cfg, bert_classifier.Config) else cfg.num_layers
 
 
 def probabilities(
     params: dict, tokens_BxL: jax.Array, cfg: ModelConfig, bag: Bag | None = None
 ) -> jax.Array:
     """Class probabilities [B, C] float32 in evaluation mode."""
-    logits_BxC, _ = classifier.apply(params, tokens_BxL, cfg, bag_tokens_BxG=_bag_tokens(bag))
+    logits_BxC, _ = _model(cfg).apply(params, tokens_BxL, cfg, bag_tokens_BxG=_bag_tokens(bag))
     return jax.nn.softmax(logits_BxC.astype(jnp.float32))
 
 
@@ -98,9 +111,9 @@ def logit_halves(
     ValueError for a model without a bag."""
     if not cfg.bag_buckets:
         raise ValueError("importance.logit_halves: the model has no bag (bag_buckets=0)")
-    logits_BxC, _ = classifier.apply(params, tokens_BxL, cfg, bag_tokens_BxG=_bag_tokens(bag))
+    logits_BxC, _ = _model(cfg).apply(params, tokens_BxL, cfg, bag_tokens_BxG=_bag_tokens(bag))
     alone = dataclasses.replace(cfg, bag_buckets=0)
-    encoder_BxC, _ = classifier.apply(
+    encoder_BxC, _ = _model(alone).apply(
         {k: v for k, v in params.items() if k != "bag"}, tokens_BxL, alone
     )
     return encoder_BxC, logits_BxC - encoder_BxC
@@ -112,7 +125,7 @@ def attention(params: dict, tokens_BxL: jax.Array, cfg: ModelConfig) -> jax.Arra
     if not has_attention(cfg):
         raise ValueError("importance.attention: the model has no attention (num_layers=0)")
     real_BxL = tokens_BxL != PAD
-    _, aux = classifier.apply(params, tokens_BxL, _matrix(cfg))
+    _, aux = _model(cfg).apply(params, tokens_BxL, _matrix(cfg))
     if aux["pool_weights"] is not None:  # structured pooling: what the head reads
         received_BxL = aux["pool_weights"].mean(1)
     else:
@@ -126,10 +139,10 @@ def rollout(params: dict, tokens_BxL: jax.Array, cfg: ModelConfig) -> jax.Array:
     layer, R = Ã_n ⋯ Ã_1, read out with the pooling's weights over final positions (the CLS row
     for cls pooling, structured pooling's hop-averaged weights, else the mean over real rows).
     ValueError for a model without encoder layers: rollout needs at least one."""
-    if cfg.num_layers == 0:
+    if _num_layers(cfg) == 0:
         raise ValueError("importance.rollout: the model has no encoder layer (num_layers=0)")
     real_BxL = tokens_BxL != PAD
-    _, aux = classifier.apply(params, tokens_BxL, _matrix(cfg))
+    _, aux = _model(cfg).apply(params, tokens_BxL, _matrix(cfg))
     eye_LxL = jnp.eye(tokens_BxL.shape[1], dtype=jnp.float32)
     r_BxLxL = jnp.broadcast_to(eye_LxL, (tokens_BxL.shape[0], *eye_LxL.shape))
     for w_BxHxLxL in aux["attention"]:
@@ -149,13 +162,14 @@ def gradient(
     params: dict, tokens_BxL: jax.Array, cfg: ModelConfig, bag: Bag | None = None
 ) -> jax.Array:
     """Gradient × input [B, L]: Σ_d ∂ log p(predicted class) / ∂x_ld · x_ld over each token's
-    input embedding x (token + n-gram + position). The bag's logits do not depend on the
+    input embedding x (token + n-gram + position; word + position + token type for the BERT
+    family). The bag's logits do not depend on the
     embeddings, so this sees only the attention half of a model with a bag."""
     params = _arrays(params)  # numpy leaves cannot be indexed by traced ids under grad
-    x_BxLxD = classifier.embed(params, tokens_BxL, cfg)
+    x_BxLxD = _model(cfg).embed(params, tokens_BxL, cfg)
 
     def log_p(delta_BxLxD: jax.Array) -> jax.Array:
-        logits_BxC, _ = classifier.apply(
+        logits_BxC, _ = _model(cfg).apply(
             params,
             tokens_BxL,
             cfg,

@@ -1,5 +1,6 @@
 """attn.bert_classifier: shapes, padding invariance, jit and gradients, `bert.encode`'s
-attention weights, and the optional bag of hashed n-grams beside the encoder."""
+attention weights, the step-by-step attention and the input embeddings the pictures and
+`attn.importance` read, and the optional bag of hashed n-grams beside the encoder."""
 
 import pathlib
 
@@ -9,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attn import bag, bert, bert_classifier, layers, pooling
+from attn import bag, bert, bert_classifier, importance, layers, pooling
 
 DATA = pathlib.Path(__file__).parent / "data" / "bert"
 
@@ -87,6 +88,86 @@ def test_encode_returns_the_states_it_returns_without_weights(tiny):
     np.testing.assert_allclose(rows, 1.0, atol=1e-5)
 
 
+@pytest.mark.parametrize("layer", [0, 1])
+def test_attention_steps_are_the_encoders_own_weights_and_outputs(tiny, layer):
+    """Each step of a layer, run alone, is what `encode` computes inside it: the weights it
+    returns, and (through the residual and LayerNorm) the next layer's input."""
+    params, enc = tiny
+    cfg = bert_classifier.Config(encoder=enc, max_len=16)
+    clf = {**bert_classifier.init(jax.random.key(0), cfg), "encoder": params}
+    ids = _ids(np.random.default_rng(3), 2, 9, enc.vocab_size)[1]  # padded from position 4
+    st = bert_classifier.attention_steps(clf, ids, cfg, layer=layer)
+    _, weights = bert.encode(params, enc, ids[None], ids[None] != 0, return_weights=True)
+    np.testing.assert_allclose(st.weights_HxLxL, weights[layer][0], atol=1e-6)
+    assert float(jnp.abs(st.weights_HxLxL[..., 4:]).max()) == 0.0  # padding keys masked
+    np.testing.assert_allclose(
+        st.scaled_HxLxL, st.raw_HxLxL / np.sqrt(enc.d_model // enc.num_heads), rtol=1e-5, atol=1e-6
+    )
+    if layer == 0:  # X is the embeddings after their LayerNorm
+        want = bert.embed(params, enc, ids[None], ids[None] != 0)[0]
+    else:  # X is the previous block's output: encode with only the layers below
+        below, enc_below = bert.first_layers(params, enc, layer)
+        want = bert.encode(below, enc_below, ids[None], ids[None] != 0)[0]
+    np.testing.assert_allclose(st.x_LxD, want, atol=1e-5)
+    with pytest.raises(ValueError, match=r"layer must be in \[0, 2\)"):
+        bert_classifier.attention_steps(clf, ids, cfg, layer=2)
+
+
+def test_the_input_embeddings_are_what_the_delta_moves(tiny):
+    """`embed` is word + position + type before the LayerNorm; a zero delta changes nothing and
+    gradient × input equals the finite difference of scaling one token's input embedding."""
+    params, enc = tiny
+    cfg = bert_classifier.Config(encoder=enc, max_len=16)
+    clf = {**bert_classifier.init(jax.random.key(0), cfg), "encoder": params}
+    ids = jnp.asarray(_ids(np.random.default_rng(4), 2, 8, enc.vocab_size))
+    x = bert_classifier.embed(clf, ids, cfg)
+    e = params["embed"]
+    want = e["tokens"][ids] + e["positions"][jnp.arange(8)] + e["types"][0]
+    np.testing.assert_allclose(x, want, atol=1e-6)
+    logits, _ = bert_classifier.apply(clf, ids, cfg)
+    zero, _ = bert_classifier.apply(clf, ids, cfg, embed_delta_BxLxD=jnp.zeros_like(x))
+    np.testing.assert_array_equal(zero, logits)
+    g = importance.gradient(clf, ids, cfg)
+    c = jnp.argmax(logits, -1)
+
+    def log_p(b: int, pos: int, eps: float) -> float:
+        delta = jnp.zeros_like(x).at[b, pos].set(eps * x[b, pos])
+        out, _ = bert_classifier.apply(clf, ids, cfg, embed_delta_BxLxD=delta)
+        return float(jax.nn.log_softmax(out)[b, c[b]])
+
+    for b, pos in ((0, 0), (0, 5), (1, 2)):
+        fd = (log_p(b, pos, 1e-3) - log_p(b, pos, -1e-3)) / 2e-3
+        np.testing.assert_allclose(g[b, pos], fd, rtol=2e-2, atol=1e-4)
+    assert (g[1, 4:] == 0).all()  # padding
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_importance_reads_the_encoders_attention_and_erases_with_its_mask(tiny, pooling):
+    """attention and rollout read the last layer's weights as the pooling does, and
+    leave-one-out is the exact drop of erasing a token to PAD."""
+    params, enc = tiny
+    cfg = bert_classifier.Config(encoder=enc, max_len=16, pooling=pooling)
+    clf = {**bert_classifier.init(jax.random.key(0), cfg), "encoder": params}
+    ids = jnp.asarray(_ids(np.random.default_rng(5), 2, 8, enc.vocab_size))
+    real = np.asarray(ids != 0)
+    assert importance.has_attention(cfg)
+    _, aux = bert_classifier.apply(clf, ids, cfg)
+    w = np.asarray(aux["attention"][-1]).mean(1)  # [B, query, key]
+    att = np.asarray(importance.attention(clf, ids, cfg))
+    for b in range(2):
+        want = w[b][real[b]].mean(0) * real[b]
+        np.testing.assert_allclose(att[b], want, atol=1e-6)
+    roll = np.asarray(importance.rollout(clf, ids, cfg))
+    assert (roll[~real] == 0).all() and np.isfinite(roll).all()
+    loo = np.asarray(importance.leave_one_out(clf, ids, cfg))
+    c, p = importance.predicted(clf, ids, cfg)
+    erased = ids.at[0, 3].set(0)
+    p_erased = importance.probabilities(clf, erased, cfg)[0, c[0]]
+    np.testing.assert_allclose(loo[0, 3], p[0] - p_erased, atol=1e-6)
+    off = bert_classifier.Config(encoder=bert.first_layers(params, enc, 0)[1], max_len=16)
+    assert not importance.has_attention(off)
+
+
 def test_config_refuses_what_the_encoder_cannot_do(tiny):
     _, enc = tiny
     with pytest.raises(ValueError, match="max_positions=40"):
@@ -95,11 +176,6 @@ def test_config_refuses_what_the_encoder_cannot_do(tiny):
         bert_classifier.Config(encoder=enc, max_len=16, pooling="max")
     with pytest.raises(ValueError, match="attention dropout needs implementation 'matrix'"):
         bert_classifier.Config(encoder=enc, max_len=16, implementation="chunked")
-    ids = jnp.ones((1, 4), jnp.int32)
-    cfg = bert_classifier.Config(encoder=enc, max_len=16)
-    params = bert_classifier.init(jax.random.key(0), cfg)
-    with pytest.raises(ValueError, match="no adversarial"):
-        bert_classifier.apply(params, ids, cfg, embed_delta_BxLxD=jnp.zeros((1, 4, enc.d_model)))
     for bad in (
         {"bag_buckets": -1},
         {"bag_buckets": 64, "bag_orders": ()},
