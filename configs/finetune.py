@@ -36,7 +36,7 @@ Variants (`configs/finetune.py:<arg>`):
           99th-percentile length (the encoder then reads at most 256 tokens). Measured beside
           (none) on seed 0, in the same table.
   tiny    a few steps at 32 tokens, for tests (tests/data/bert/tiny_bert).
-visualize, faithfulness and predict --explain do not serve a fine-tuned encoder; predict's
+predict (--explain), visualize (--steps) and faithfulness serve the workdir; predict's
 most-attended tokens are its last layer's attention, averaged over heads and queries.
 """
 

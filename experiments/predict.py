@@ -107,8 +107,6 @@ def main(fv: flags.FlagValues, argv: list[str]) -> int:
     if not texts:
         raise UserError("no text given: pass texts as arguments or one per line on stdin")
     trained = serving.load(fv.workdir)
-    if fv.explain:
-        serving.refuse_fine_tuned(trained, "predict --explain")
     print(f"answering from {trained.source}", file=sys.stderr)
     if not fv.json:
         print(HEADER + (ranking.HEADER if fv.explain else ""))

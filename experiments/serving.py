@@ -16,7 +16,7 @@ from experiments import workdirs
 from experiments.data import encoding, scripts, tokenizers
 from experiments.data.tokenizers import CLS
 from experiments.errors import UserError
-from experiments.training import checkpoints
+from experiments.training import checkpoints, finetune
 
 # Shapes only: init runs under jax.eval_shape. Not a key made at import, which would start JAX's
 # backend before a process of several can join the others.
@@ -26,7 +26,7 @@ KEY = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)
 @dataclasses.dataclass(frozen=True)
 class Trained:
     config: ml_collections.ConfigDict
-    cfg: classifier.ModelConfig | bert_classifier.Config  # which: meta["family"]
+    cfg: finetune.ModelConfig  # which: meta["family"]
     params: Any  # the weight average when the run kept one
     tokenizer: tokenizers.Tokenizer
     label_names: tuple[str, ...]
@@ -78,15 +78,20 @@ def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
     )
 
 
-def refuse_fine_tuned(trained: Trained, what: str) -> None:
-    """UserError in one line when `trained` is a fine-tuned pretrained encoder, which `what`
-    (visualize, faithfulness, predict --explain) does not serve."""
-    if isinstance(trained.cfg, bert_classifier.Config):
-        raise UserError(
-            f"{what} is not available for a fine-tuned pretrained encoder (model.pretrained): it "
-            "needs attn.classifier's step-by-step attention and token erasure; predict and "
-            "evaluate serve it"
-        )
+def attention_layout(cfg: finetune.ModelConfig) -> tuple[int, int, str]:
+    """(layers, heads, score) of a served model's attention: attn.classifier's own, or a
+    fine-tuned BERT-family encoder's (scaled dot products, as its checkpoint computes them)."""
+    if isinstance(cfg, bert_classifier.Config):
+        return cfg.encoder.num_layers, cfg.encoder.num_heads, "scaled_dot"
+    return cfg.num_layers, cfg.num_heads, cfg.score
+
+
+def framing_ids(trained: Trained) -> np.ndarray:
+    """int32: the ids that are no token of a text, which no ranking picks and no erasure removes:
+    PAD and the tokens put around a text (CLS, or a checkpoint's [CLS] and [SEP])."""
+    frame = encoding.frame_of(trained.tokenizer)
+    around = [CLS] if frame is None else [*frame[0], *frame[1]]
+    return np.array(sorted({tokenizers.PAD, *around}), np.int32)
 
 
 def _describe(workdir: str, which: str, step: int, meta: dict) -> str:
@@ -189,7 +194,7 @@ def _part_read(keep: int, tail_len: int) -> str:
     return f"the first {head} and last {tail_len}" if head else f"the last {tail_len}"
 
 
-def model_config(meta: dict, where: str) -> classifier.ModelConfig | bert_classifier.Config:
+def model_config(meta: dict, where: str) -> finetune.ModelConfig:
     """The model config a checkpoint's meta records (of its family); UserError (naming `where`)
     if unusable."""
     try:

@@ -27,10 +27,11 @@ import sys
 import numpy as np
 from absl import flags
 
-from attn import classifier
+from attn import bert_classifier, classifier
 from experiments import cli, serving
 from experiments.errors import UserError
 from experiments.explain import maps, page, plots, ranking, step_plots
+from experiments.training import finetune
 
 # Everything visualize writes into OUT: an existing OUT holding anything else is not replaced.
 _OUTPUTS = re.compile(r"attention\.html|text\d+_(steps_)?layer\d+_head\d+\.png")
@@ -57,7 +58,6 @@ def visualize(
     to `pad_to` tokens when that is longer (padding is what masked keys look like).
     """
     trained = serving.load(workdir)
-    serving.refuse_fine_tuned(trained, "visualize")
     cfg = trained.cfg
     _check_choice(cfg, layer=layer, head=head, window=window, pad_to=pad_to, max_tokens=max_tokens)
     _check_out(out)
@@ -112,12 +112,13 @@ def visualize(
     return [os.path.join(out, name) for name in names] + [curves]
 
 
-def _check_choice(cfg: classifier.ModelConfig, **choice: int) -> None:
+def _check_choice(cfg: finetune.ModelConfig, **choice: int) -> None:
     """Each flag's allowed range for this model, and why. Windows longer than the model's
     max_len are fine: texts are already cut to it."""
+    num_layers, num_heads, _ = serving.attention_layout(cfg)
     bounds = {
-        "layer": (0, cfg.num_layers - 1, f"the model has {cfg.num_layers} layer(s), from 0"),
-        "head": (0, cfg.num_heads - 1, f"the model has {cfg.num_heads} head(s), from 0"),
+        "layer": (0, num_layers - 1, f"the model has {num_layers} layer(s), from 0"),
+        "head": (0, num_heads - 1, f"the model has {num_heads} head(s), from 0"),
         "pad_to": (0, cfg.max_len, f"the model reads at most {cfg.max_len} tokens"),
         "window": (1, None, "at least one token is drawn"),
         "max_tokens": (1, None, "at least one token is drawn"),
@@ -147,9 +148,11 @@ def _window(ids_L: np.ndarray, window: int, pad_to: int) -> np.ndarray:
     return np.concatenate([ids_L, padding])
 
 
-def _x_title(cfg: classifier.ModelConfig, layer: int) -> str:
+def _x_title(cfg: finetune.ModelConfig, layer: int) -> str:
     if layer > 0:
         return f"X: layer {layer - 1}'s output after LayerNorm"
+    if isinstance(cfg, bert_classifier.Config):
+        return "X: word + position + token type embeddings after LayerNorm"
     parts = ["token"] + (["n-gram"] if cfg.ngram_buckets else [])
     parts += [] if cfg.positions == "none" else ["position"]
     return f"X: {' + '.join(parts)} embeddings after LayerNorm"
@@ -172,6 +175,7 @@ def _draw(
 ) -> list[str]:
     """Writes every file into `out`; returns their names in the order written."""
     cfg = trained.cfg
+    _, num_heads, score = serving.attention_layout(cfg)
     names, rows = [], []
     first = None
     x_title = _x_title(cfg, layer)
@@ -203,8 +207,8 @@ def _draw(
         padded = f"padded to {len(view_L)}" if shown < len(view_L) else ""
         where = " | ".join(p for p in (cut, padded) if p)
         heading = (
-            f"{caption} | layer {layer} head {head} of {cfg.num_heads} | "
-            f"score {cfg.score}{' | ' + where if where else ''}"
+            f"{caption} | layer {layer} head {head} of {num_heads} | "
+            f"score {score}{' | ' + where if where else ''}"
         )
         if n == 1:
             first = (view, heading)
@@ -212,7 +216,7 @@ def _draw(
             names.append(f"text{n}_steps_layer{layer}_head{head}.png")
             step_plots.plot_steps(
                 view,
-                score=cfg.score,
+                score=score,
                 query=query,
                 title=heading,
                 x_title=x_title,
@@ -229,7 +233,7 @@ def _draw(
         shade_meaning=meaning,
         steps=first[0],
         steps_heading=f"Self-attention step by step: {first[1]}",
-        score=cfg.score,
+        score=score,
         query=query,
         x_title=x_title,
     )

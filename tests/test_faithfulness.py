@@ -90,7 +90,14 @@ def test_per_text_scores_are_the_library_functions(trained):
     ids = encoding.load(loaded.config.data, ("test",), add_cls=False, tokenizer=loaded.tokenizer)
     ids = ids.splits["test"].ids[:3]
     per_text = faithfulness.explain_all(
-        loaded.params, cfg, loaded.config.data, ids, None, None, faithfulness.METHODS
+        loaded.params,
+        cfg,
+        loaded.config.data,
+        ids,
+        None,
+        None,
+        faithfulness.METHODS,
+        serving.framing_ids(loaded),
     )
     for ids_L, t in zip(ids, per_text, strict=True):
         tokens = jnp.asarray(ids_L[None])

@@ -1,6 +1,7 @@
 """Fine-tuning a pretrained checkpoint (configs/finetune.py, model.pretrained) end to end on
 tests/data/bert/tiny_bert: the train command, exact resume, step-0 params, evaluate and predict
-on the result, the checkpoint's tokenizer saved and read back, the bag of n-grams beside the
+on the result, predict --explain, visualize and faithfulness on it, the checkpoint's tokenizer
+saved and read back, the bag of n-grams beside the
 encoder, and what is refused."""
 
 import json
@@ -28,6 +29,7 @@ from configs import finetune as finetune_config
 from experiments import cli, evaluate, parallel, predict, serving, train
 from experiments.data import batching, checkpoint_tokenizer, chosen, encoding, tokenizers
 from experiments.errors import UserError
+from experiments.explain import faithfulness, maps
 from experiments.training import baseline, checkpoints, classify, finetune, optim
 
 TINY_BERT = ROOT / "tests" / "data" / "bert" / "tiny_bert"
@@ -128,12 +130,68 @@ def test_evaluate_and_predict_serve_the_fine_tuned_workdir(finetuned, tmp_path, 
     assert proc.returncode == 0 and proc.stdout.splitlines()[1].split("\t")[0] in ("neg", "pos")
     proc = run_here("experiments.evaluate", f"--workdir={workdir}", capsys=capsys)
     assert proc.returncode == 0 and "accuracy" in proc.stdout
-    for module, args in (
-        ("experiments.predict", ["--explain", "a dull film"]),
-        ("experiments.visualize", ["a dull film"]),
-    ):
-        proc = run_here(module, f"--workdir={workdir}", *args, capsys=capsys)
-        assert_one_line_error(proc, "not available for a fine-tuned pretrained encoder")
+
+
+def test_the_explaining_commands_serve_the_fine_tuned_workdir(finetuned, tmp_path, capsys):
+    """predict --explain, visualize (its step-by-step figure included) and faithfulness read the
+    encoder's own attention, and never rank or erase [CLS] and [SEP], which are no word."""
+    workdir = str(tmp_path / "copy")
+    shutil.copytree(finetuned, workdir)
+    proc = run_here(
+        "experiments.predict",
+        f"--workdir={workdir}",
+        "--explain",
+        "--json",
+        "a dull film",
+        capsys=capsys,
+    )
+    assert proc.returncode == 0
+    e = json.loads(proc.stdout)["explain"]
+    assert e["removed"] == 3 and 0.0 <= e["without_attended"] <= 1.0
+    assert (
+        {t for t, _ in e["attention"]}
+        == {t for t, _ in e["leave_one_out"]}
+        == {
+            "a",
+            "dull",
+            "film",
+        }
+    )
+    proc = run_here(
+        "experiments.visualize",
+        f"--workdir={workdir}",
+        "--steps",
+        "--layer=1",
+        "--head=3",
+        "a dull film",
+        capsys=capsys,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = os.path.join(workdir, "visualize")
+    heads = {f"text1_layer{lay}_head{h}.png" for lay in (0, 1) for h in range(4)}
+    assert set(os.listdir(out)) == heads | {"text1_steps_layer1_head3.png", "attention.html"}
+    with open(os.path.join(out, "attention.html"), encoding="utf-8") as f:
+        html = f.read()
+    assert "layer 1 head 3 of 4 | score scaled_dot" in html
+    trained = serving.load(workdir)
+    ids = serving.encode(trained, "a dull film")
+    steps = maps.attention_steps(trained.params, trained.cfg, ids, 1)
+    drawn = maps.analyse(trained.params, trained.cfg, ids, None)["attention"][1]
+    np.testing.assert_allclose(steps.weights_HxLxL, drawn, atol=1e-6)
+    proc = run_here(
+        "experiments.visualize", f"--workdir={workdir}", "--layer=2", "a film", capsys=capsys
+    )
+    assert_one_line_error(proc, "the model has 2 layer(s)")
+    result = faithfulness.faithfulness(workdir, "test", limit=6)
+    assert result["unavailable"] == {} and set(result["methods"]) == set(faithfulness.METHODS)
+    loaded = encoding.load(
+        trained.config.data, ("test",), add_cls=False, tokenizer=trained.tokenizer
+    )
+    drawn_ids = [
+        loaded.splits["test"].ids[i] for i in faithfulness.sample(len(loaded.splits["test"].ids), 6)
+    ]
+    words = [len(ids) - 2 for ids in drawn_ids]  # [CLS] and [SEP] are no candidates
+    assert result["num_texts"] == 6 and result["median_tokens"] == np.median(words)
 
 
 def test_resume_after_interrupt_matches_the_uninterrupted_run(

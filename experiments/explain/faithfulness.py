@@ -36,7 +36,7 @@ from tqdm import tqdm  # noqa: E402
 from attn import importance  # noqa: E402
 from experiments import serving, workdirs  # noqa: E402
 from experiments.data import batching, encoding  # noqa: E402
-from experiments.data.tokenizers import CLS, PAD  # noqa: E402
+from experiments.data.tokenizers import PAD  # noqa: E402
 from experiments.errors import UserError  # noqa: E402
 from experiments.explain import ranking
 
@@ -54,7 +54,7 @@ def available(cfg) -> dict[str, str]:
     missing = {}
     if not importance.has_attention(cfg):
         missing["attention"] = "the model has no attention layer (num_layers=0)"
-    if cfg.num_layers == 0:
+    if serving.attention_layout(cfg)[0] == 0:
         missing["rollout"] = "rollout needs an encoder layer (num_layers=0)"
     return missing
 
@@ -74,7 +74,6 @@ def faithfulness(workdir: str, split: str = "test", limit: int | None = None) ->
         raise UserError(f"--limit must be at least 1, got {limit}")
     start = time.perf_counter()
     trained = serving.load(workdir)
-    serving.refuse_fine_tuned(trained, "faithfulness")
     cfg, data = trained.cfg, trained.config.data
     add_cls = cfg.pooling == "cls"
     encoded = encoding.load(data, (split,), add_cls=add_cls, tokenizer=trained.tokenizer)
@@ -91,7 +90,8 @@ def faithfulness(workdir: str, split: str = "test", limit: int | None = None) ->
     sources = None if bags is None else [ranking.bag_source(trained, t) for t in texts]
     missing = available(cfg)
     methods = tuple(m for m in METHODS if m not in missing)
-    per_text = explain_all(trained.params, cfg, data, ids, bags, sources, methods)
+    framing = serving.framing_ids(trained)
+    per_text = explain_all(trained.params, cfg, data, ids, bags, sources, methods, framing)
     result = summarise(per_text, methods, labels=np.asarray(s.labels)[chosen])
     result.update(
         workdir=workdir,
@@ -161,11 +161,12 @@ def _random(text: jax.Array, tokens_L: jax.Array) -> jax.Array:
     return importance.random(jax.random.fold_in(jax.random.key(SEED), text), tokens_L[None])[0]
 
 
-def explain_all(params, cfg, data, ids, bags, sources, methods) -> list[dict]:
-    """Per text: predicted class and probability, number of tokens, each method's scores over
-    them and its erasure drops [2, K]. Texts are batched by length bucket, B rows per batch sized
-    so that each forward pass reads about TOKENS tokens; a short last batch is filled with empty
-    rows (whose results are dropped)."""
+def explain_all(params, cfg, data, ids, bags, sources, methods, framing) -> list[dict]:
+    """Per text: predicted class and probability, number of tokens (not counting `framing`'s ids:
+    PAD and what frames a text), each method's scores over them and its erasure drops [2, K].
+    Texts are batched by length bucket, B rows per batch sized so that each forward pass reads
+    about TOKENS tokens; a short last batch is filled with empty rows (whose results are
+    dropped)."""
     sizes = batching.bucket_sizes(data.buckets, data.max_len)
     bag_sizes = batching.bag_sizes(data.buckets, data.max_len, data.bag_len) if bags else None
     order = np.argsort([len(x) for x in ids], kind="stable")
@@ -180,7 +181,7 @@ def explain_all(params, cfg, data, ids, bags, sources, methods) -> list[dict]:
             for first in range(0, len(members), rows):
                 idx = members[first : first + rows]
                 tokens = _padded([ids[i] for i in idx], rows, length)
-                candidates = (tokens != PAD) & (tokens != CLS)
+                candidates = ~np.isin(tokens, framing)
                 bag = None
                 if bags is not None:
                     m = next(s for s in bag_sizes if s >= max(len(bags[i]) for i in idx))

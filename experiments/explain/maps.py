@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attn import classifier, multihead
+from attn import multihead
 from experiments.training import finetune
 
 
@@ -19,7 +19,7 @@ def _forward(
     tokens_BxL: jax.Array,
     bag_tokens_BxG: jax.Array | None,
     *,
-    cfg: classifier.ModelConfig,
+    cfg: finetune.ModelConfig,
 ):
     model = finetune.family(cfg)  # attn.classifier, or a fine-tuned attn.bert_classifier
     logits_BxC, aux = model.apply(params, tokens_BxL, cfg, bag_tokens_BxG=bag_tokens_BxG)
@@ -27,7 +27,7 @@ def _forward(
 
 
 def analyse(
-    params: Any, cfg: classifier.ModelConfig, ids_L: np.ndarray, bag_ids_G: np.ndarray | None
+    params: Any, cfg: finetune.ModelConfig, ids_L: np.ndarray, bag_ids_G: np.ndarray | None
 ) -> dict:
     """Probabilities [C], per-layer attention [H, L, L] and the attention each token receives [L]
     of one text's ids [L] (and what its bag reads [M], if the model's bag reads more of it).
@@ -50,9 +50,10 @@ def analyse(
 
 
 def attention_steps(
-    params: Any, cfg: classifier.ModelConfig, ids_L: np.ndarray, layer: int
+    params: Any, cfg: finetune.ModelConfig, ids_L: np.ndarray, layer: int
 ) -> multihead.Steps:
-    """`classifier.attention_steps` of one sequence of ids [L] (PAD ids are masked keys), as
+    """The model's `attention_steps` of one sequence of ids [L] (PAD ids are masked keys), as
     float32 numpy arrays."""
-    st = classifier.attention_steps(params, jnp.asarray(ids_L, jnp.int32), cfg, layer=layer)
+    model = finetune.family(cfg)
+    st = model.attention_steps(params, jnp.asarray(ids_L, jnp.int32), cfg, layer=layer)
     return multihead.Steps(*(np.asarray(a, np.float32) for a in st))

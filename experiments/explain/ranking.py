@@ -9,10 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attn import classifier, importance
+from attn import importance
 from experiments import serving
 from experiments.data import batching, encoding
-from experiments.data.tokenizers import CLS, PAD
+from experiments.data.tokenizers import PAD
+from experiments.training import finetune
 
 REMOVED = 3  # how many top tokens the erasure test removes
 # Leave-one-out erasures per forward pass: a 512-token text's [H, L, L] weights stay at 256 MiB.
@@ -31,15 +32,20 @@ def bag_source(trained: serving.Trained, text: str) -> np.ndarray | None:
     data, add_cls = trained.config.data, trained.cfg.pooling == "cls"
     if not data.bag_len:
         return None
-    marks = np.arange(len(trained.tokenizer.encode(text)), dtype=np.int32) + CLS + 1
-    seen = encoding.cut([marks], max_len=data.max_len, add_cls=add_cls, tail_len=data.tail_len)
-    read = encoding.cut([marks], **encoding.bag_window(data, add_cls))[0]
-    where = {int(m): i for i, m in enumerate(seen[0])}  # CLS, if any, is mark CLS at 0 in both
+    frame = encoding.frame_of(trained.tokenizer)
+    # Marks above every framing id ([CLS], [SEP] or CLS), so each marks one token of the text.
+    first = int(serving.framing_ids(trained).max()) + 1
+    marks = np.arange(len(trained.tokenizer.encode(text)), dtype=np.int32) + first
+    seen = encoding.cut(
+        [marks], max_len=data.max_len, add_cls=add_cls, tail_len=data.tail_len, frame=frame
+    )
+    read = encoding.cut([marks], **encoding.bag_window(data, add_cls, frame))[0]
+    where = {int(m): i for i, m in enumerate(seen[0])}  # a framing id is where attention has it
     return np.array([where.get(int(m), -1) for m in read], np.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
-def _scores(params, tokens_1xL, bag, *, cfg: classifier.ModelConfig):
+def _scores(params, tokens_1xL, bag, *, cfg: finetune.ModelConfig):
     c_1, p_1 = importance.predicted(params, tokens_1xL, cfg, bag)
     attention = (
         importance.attention(params, tokens_1xL, cfg) if importance.has_attention(cfg) else None
@@ -49,7 +55,7 @@ def _scores(params, tokens_1xL, bag, *, cfg: classifier.ModelConfig):
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
-def _probability_without(params, tokens_1xL, top_BxL, bag, c_1, *, cfg: classifier.ModelConfig):
+def _probability_without(params, tokens_1xL, top_BxL, bag, c_1, *, cfg: finetune.ModelConfig):
     """[B]: the probability of class c_1 with each row's top tokens erased."""
     n = top_BxL.shape[0]
     tokens_BxL = jnp.repeat(tokens_1xL, n, axis=0)
@@ -64,7 +70,6 @@ def explain(trained: serving.Trained, text: str, top: int = 5) -> dict:
     number of tokens erased (REMOVED, or all of a shorter text's); "probability": the predicted
     class's; "without_attended" (None without attention) and "without_leave_one_out": the
     probability with that many top tokens erased}."""
-    serving.refuse_fine_tuned(trained, "predict --explain")
     data = trained.config.data
     ids_L = serving.encode(trained, text)
     bag_G = serving.encode_bag(trained, text)
@@ -77,7 +82,7 @@ def explain(trained: serving.Trained, text: str, top: int = 5) -> dict:
         source_G = bag_source(trained, text)
         bag = importance.Bag(_padded(bag_G, sizes, PAD), _padded(source_G, sizes, -1))
     c_1, p_1, attention, loo = _scores(trained.params, tokens_1xL, bag, cfg=trained.cfg)
-    candidates_1xL = (tokens_1xL != PAD) & (tokens_1xL != CLS)
+    candidates_1xL = ~jnp.isin(tokens_1xL, serving.framing_ids(trained))
     removed = min(REMOVED, int(candidates_1xL.sum()))
     rankings = (
         {"leave_one_out": loo}
