@@ -29,7 +29,7 @@ from configs import finetune as finetune_config
 from experiments import cli, evaluate, parallel, predict, serving, train
 from experiments.data import batching, checkpoint_tokenizer, chosen, encoding, tokenizers
 from experiments.errors import UserError
-from experiments.explain import faithfulness, maps
+from experiments.explain import faithfulness, maps, ranking
 from experiments.training import baseline, checkpoints, classify, finetune, optim
 
 TINY_BERT = ROOT / "tests" / "data" / "bert" / "tiny_bert"
@@ -455,6 +455,16 @@ def test_a_fine_tune_with_the_bag_starts_from_naive_bayes_and_is_served_as_train
     for i in range(3):
         got = predict.predict_one(trained, s.texts[i], top=1)
         assert got["probability"] == pytest.approx(float(probs_NxC[i].max()), abs=1e-5)
+    # A text cut for the encoder and read longer by the bag: each token the bag reads is placed
+    # where the encoder has it, [CLS] and [SEP] included, so an erasure removes it from both.
+    long_text = " ".join(["the film was great and moving"] * 12)
+    ids_L, bag_G = serving.encode(trained, long_text), serving.encode_bag(trained, long_text)
+    source_G = ranking.bag_source(trained, long_text)
+    inside = source_G >= 0
+    assert len(ids_L) == 32 and len(bag_G) == 64
+    assert (bag_G[inside] == ids_L[source_G[inside]]).all()
+    assert sorted(source_G[inside]) == list(range(32))
+    assert ranking.explain(trained, long_text)["removed"] == 3
 
 
 def test_a_fine_tunes_checkpoint_from_before_the_bag_still_resumes(csv):
