@@ -481,7 +481,9 @@ def _finetune_md(sec: dict) -> list[str]:
         docs.finetune_table(sec),
         "",
     ]
-    for t in sec.get("targets", {}).values():
+    for key, t in sec.get("targets", {}).items():
+        if key == finetune.IMDB_TARGET:  # said under its own heading, by docs.finetune_imdb
+            continue
         if t["finetuned_mean"] is not None and t["bar"] is not None:
             gap = f" ({(t['finetuned_mean'] - t['bar']) * 100:+.2f} points)"
         else:

@@ -281,5 +281,7 @@ def test_finetune_section_accumulates_rows_and_seeds_and_judges_its_targets(tmp_
     assert ran["recipe"]["data"]["path"] == str(tmp_path / "aclImdb")
     acc = ran["seeds"]["1"]["test_accuracy"]
     assert ran["every_seed_above"] == {n: acc > b for n, b in finetune.IMDB_BARS.items()}
+    target = sec["targets"][finetune.IMDB_TARGET]  # in REPORT's targets table
+    assert target["met"] == (acc > 0.9122) and target["finetuned_mean"] == acc
     assert "### IMDB" in (out / "REPORT.md").read_text(encoding="utf-8")
     assert f"seed 1 | {100 * acc:.2f}%" in docs.finetune_imdb(sec)
