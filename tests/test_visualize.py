@@ -246,6 +246,29 @@ def test_steps_figure_names_the_score_shapes_and_masked_keys(score, tmp_path, mo
     assert "masked key (padding): weight exactly 0" in texts
 
 
+def test_a_wide_encoders_x_panel_does_not_stretch_the_steps_figure(tmp_path, monkeypatch):
+    """X of a 768-wide encoder with 64-wide heads (BERT-base) is squeezed, not drawn 69 inches
+    wide beside three 6-inch head panels: its figure is at most 5 inches wider than a 96-wide
+    model's with 8-wide heads, which is drawn as before (X 8.6 inches, each head 1.5)."""
+    widths = {}
+    real_savefig = Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        widths[d_model] = fig.get_size_inches()[0]
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    for d_model in (96, 768):
+        params = multihead.init(jax.random.key(0), d_model, 12, score="scaled_dot")
+        x_LxD = jax.random.normal(jax.random.key(1), (6, d_model))
+        st = multihead.steps(params, x_LxD, None, num_heads=12, score="scaled_dot")
+        h = step_plots.head_view(st, 0, list("abcdef"), np.ones(6, bool))
+        path = str(tmp_path / f"steps{d_model}.png")
+        step_plots.plot_steps(h, score="scaled_dot", query=0, title="t", x_title="X", path=path)
+    assert widths[96] == pytest.approx(96 * 0.09 + 3 * 1.5 + 4 * 1.6)
+    assert widths[768] <= widths[96] + 5
+
+
 @pytest.mark.parametrize(
     "tokens",
     [

@@ -157,8 +157,11 @@ def plot_steps(h: Head, *, score: str, query: int, title: str, x_title: str, pat
     feature = 0.09  # inches per feature column
     numbers = length <= 10  # values written in the L x L cells when they fit
     label_room = 0.9 if plots.needs_rotation(h.tokens) else 0.0
-    row1 = [max(d_model * feature, 2.4)] + [max(d_head * feature, 1.5)] * 3
-    row2 = [length * cell] * 3 + [max(d_head * feature, 1.5)]
+    # X at most 9 inches wide and a head's panels at most 3: a pretrained encoder's 384 or 768
+    # features would otherwise make the figure several times as wide as the attention it is about.
+    head_w = min(max(d_head * feature, 1.5), 3.0)
+    row1 = [min(max(d_model * feature, 2.4), 9.0)] + [head_w] * 3
+    row2 = [length * cell] * 3 + [head_w]
     width = max(sum(row1), sum(row2)) + 4 * 1.6
     row_height = length * cell + 1.5 + label_room
     bars_height = 2.8 + label_room
