@@ -163,8 +163,8 @@ def gradient(
 ) -> jax.Array:
     """Gradient × input [B, L]: Σ_d ∂ log p(predicted class) / ∂x_ld · x_ld over each token's
     input embedding x (token + n-gram + position; word + position + token type for the BERT
-    family). The bag's logits do not depend on the
-    embeddings, so this sees only the attention half of a model with a bag."""
+    family). The bag's logits do not depend on the embeddings, so this sees only the attention
+    half of a model with a bag."""
     params = _arrays(params)  # numpy leaves cannot be indexed by traced ids under grad
     x_BxLxD = _model(cfg).embed(params, tokens_BxL, cfg)
 
