@@ -22,22 +22,25 @@ aux), so one train step, evaluation, the pictures and `attn.importance` serve bo
 import dataclasses
 import functools
 import numbers
+import sys
 
 import jax
 import jax.numpy as jnp
 
-from attn import bag, bert, layers, multihead, pooling
+from attn import bag, bert, classifier, layers, multihead, pooling
 from attn.attention import IMPLEMENTATIONS, attention
 
 __all__ = [
     "PAD",
     "POOLINGS",
+    "AnyConfig",
     "Config",
     "apply",
     "attend",
     "attention_steps",
     "bag_ids",
     "embed",
+    "family",
     "init",
 ]
 
@@ -93,6 +96,16 @@ class Config:
                 f"attention dropout needs implementation 'matrix'; with {self.implementation!r} "
                 "set the encoder's attention_dropout to 0"
             )
+
+
+# Either classifier's config: attn.classifier's own model, or this one over a BERT-family encoder.
+AnyConfig = classifier.ModelConfig | Config
+
+
+def family(cfg: AnyConfig):
+    """The module whose `init`, `apply`, `embed`, `bag_ids` and `attention_steps` serve `cfg`:
+    attn.bert_classifier for its Config, else attn.classifier (the same signatures)."""
+    return sys.modules[__name__] if isinstance(cfg, Config) else classifier
 
 
 @functools.lru_cache(maxsize=8)

@@ -38,10 +38,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from attn import bert_classifier, classifier
+from attn import bert_classifier
 from attn.classifier import PAD
 
-ModelConfig = classifier.ModelConfig | bert_classifier.Config
+ModelConfig = bert_classifier.AnyConfig
 
 __all__ = [
     "Bag",
@@ -77,11 +77,6 @@ def has_attention(cfg: ModelConfig) -> bool:
     return _num_layers(cfg) > 0 or cfg.pooling == "structured"
 
 
-def _model(cfg: ModelConfig):
-    """The module whose `apply` and `embed` serve cfg: attn.bert_classifier or attn.classifier."""
-    return bert_classifier if isinstance(cfg, bert_classifier.Config) else classifier
-
-
 def _num_layers(cfg: ModelConfig) -> int:
     return cfg.encoder.num_layers if isinstance(cfg, bert_classifier.Config) else cfg.num_layers
 
@@ -90,7 +85,9 @@ def probabilities(
     params: dict, tokens_BxL: jax.Array, cfg: ModelConfig, bag: Bag | None = None
 ) -> jax.Array:
     """Class probabilities [B, C] float32 in evaluation mode."""
-    logits_BxC, _ = _model(cfg).apply(params, tokens_BxL, cfg, bag_tokens_BxG=_bag_tokens(bag))
+    logits_BxC, _ = bert_classifier.family(cfg).apply(
+        params, tokens_BxL, cfg, bag_tokens_BxG=_bag_tokens(bag)
+    )
     return jax.nn.softmax(logits_BxC.astype(jnp.float32))
 
 
@@ -111,9 +108,11 @@ def logit_halves(
     ValueError for a model without a bag."""
     if not cfg.bag_buckets:
         raise ValueError("importance.logit_halves: the model has no bag (bag_buckets=0)")
-    logits_BxC, _ = _model(cfg).apply(params, tokens_BxL, cfg, bag_tokens_BxG=_bag_tokens(bag))
+    logits_BxC, _ = bert_classifier.family(cfg).apply(
+        params, tokens_BxL, cfg, bag_tokens_BxG=_bag_tokens(bag)
+    )
     alone = dataclasses.replace(cfg, bag_buckets=0)
-    encoder_BxC, _ = _model(alone).apply(
+    encoder_BxC, _ = bert_classifier.family(alone).apply(
         {k: v for k, v in params.items() if k != "bag"}, tokens_BxL, alone
     )
     return encoder_BxC, logits_BxC - encoder_BxC
@@ -125,7 +124,7 @@ def attention(params: dict, tokens_BxL: jax.Array, cfg: ModelConfig) -> jax.Arra
     if not has_attention(cfg):
         raise ValueError("importance.attention: the model has no attention (num_layers=0)")
     real_BxL = tokens_BxL != PAD
-    _, aux = _model(cfg).apply(params, tokens_BxL, _matrix(cfg))
+    _, aux = bert_classifier.family(cfg).apply(params, tokens_BxL, _matrix(cfg))
     if aux["pool_weights"] is not None:  # structured pooling: what the head reads
         received_BxL = aux["pool_weights"].mean(1)
     else:
@@ -142,7 +141,7 @@ def rollout(params: dict, tokens_BxL: jax.Array, cfg: ModelConfig) -> jax.Array:
     if _num_layers(cfg) == 0:
         raise ValueError("importance.rollout: the model has no encoder layer (num_layers=0)")
     real_BxL = tokens_BxL != PAD
-    _, aux = _model(cfg).apply(params, tokens_BxL, _matrix(cfg))
+    _, aux = bert_classifier.family(cfg).apply(params, tokens_BxL, _matrix(cfg))
     eye_LxL = jnp.eye(tokens_BxL.shape[1], dtype=jnp.float32)
     r_BxLxL = jnp.broadcast_to(eye_LxL, (tokens_BxL.shape[0], *eye_LxL.shape))
     for w_BxHxLxL in aux["attention"]:
@@ -166,10 +165,10 @@ def gradient(
     family). The bag's logits do not depend on the embeddings, so this sees only the attention
     half of a model with a bag."""
     params = _arrays(params)  # numpy leaves cannot be indexed by traced ids under grad
-    x_BxLxD = _model(cfg).embed(params, tokens_BxL, cfg)
+    x_BxLxD = bert_classifier.family(cfg).embed(params, tokens_BxL, cfg)
 
     def log_p(delta_BxLxD: jax.Array) -> jax.Array:
-        logits_BxC, _ = _model(cfg).apply(
+        logits_BxC, _ = bert_classifier.family(cfg).apply(
             params,
             tokens_BxL,
             cfg,

@@ -20,17 +20,12 @@ from typing import Any
 import jax
 import ml_collections
 
-from attn import bert, bert_classifier, classifier
+from attn import bert, bert_classifier
 from experiments.data import checkpoint_tokenizer
 from experiments.errors import UserError
 
-ModelConfig = classifier.ModelConfig | bert_classifier.Config
-
-
-def family(cfg: ModelConfig) -> Any:
-    """The module whose `init` and `apply` serve `cfg`: attn.bert_classifier or attn.classifier
-    (the same signatures)."""
-    return bert_classifier if isinstance(cfg, bert_classifier.Config) else classifier
+ModelConfig = bert_classifier.AnyConfig
+family = bert_classifier.family  # the one dispatch on a model config's type
 
 
 def requested(config: ml_collections.ConfigDict) -> bool:
