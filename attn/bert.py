@@ -406,15 +406,15 @@ def attention_steps(
     ids_L, mask_L = jnp.asarray(ids_L), jnp.asarray(mask_L)
     if ids_L.ndim != 1:
         raise ValueError(f"token ids must be one sequence [L]; got shape {ids_L.shape}")
-    x_LxD = embed(params, cfg, ids_L[None], mask_L[None])[0]
-    mask_L = mask_L.astype(bool)
+    below, cfg_below = first_layers(params, cfg, layer)  # layer 0: the embeddings alone
     attend = functools.partial(attention, score=score)
-    for i in range(layer):
-        x_LxD, _ = _block(
-            params[f"layer_{i}"], x_LxD, mask_L, None, cfg=cfg, attend=attend, train=False
-        )
+    x_LxD = encode(below, cfg_below, ids_L[None], mask_L[None], attend=attend)[0]
     return multihead.steps(
-        params[f"layer_{layer}"]["mha"], x_LxD, mask_L, num_heads=cfg.num_heads, score=score
+        params[f"layer_{layer}"]["mha"],
+        x_LxD,
+        mask_L.astype(bool),
+        num_heads=cfg.num_heads,
+        score=score,
     )
 
 
