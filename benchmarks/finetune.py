@@ -9,6 +9,8 @@ trained once per seed through `python -m experiments.train`'s own code:
   attention_off  finetuned with model.pretrained_layers=0: its embeddings alone, mean-pooled
   random_init    finetuned with model.pretrained_init=random: the architecture, no pretraining
   finetuned_bag  configs/finetune.py:bag: finetuned with the bag of n-grams beside it
+  finetuned_bag_layer_decay  finetuned_bag with optim.layer_decay=0.9: each lower layer's
+                 learning rate 0.9 times the one above (the embeddings 0.9**7 of the head's)
   finetuned_all_epochs  finetuned with train.patience=0: every epoch, the best validated kept
 
 The two rows that train a linear layer over fixed or shallow features get learning rate 1e-3,
@@ -44,12 +46,14 @@ ROWS: dict[str, tuple[str, dict] | None] = {
     ),
     "random_init": ("finetune.py", {"model.pretrained_init": "random"}),
     "finetuned_bag": ("finetune.py:bag", {}),
+    "finetuned_bag_layer_decay": ("finetune.py:bag", {"optim.layer_decay": 0.9}),
     "finetuned_all_epochs": ("finetune.py", {"train.patience": 0}),
 }
 LABELS = {  # in the order the table shows them: the fine-tune, its variants and ablations, others
     "finetuned": "pretrained encoder fine-tuned (`configs/finetune.py`)",
     "finetuned_all_epochs": "fine-tuned for all its epochs (no early stopping)",
     "finetuned_bag": "fine-tuned with the bag of n-grams beside it",
+    "finetuned_bag_layer_decay": "the same with layer-wise learning-rate decay 0.9",
     "frozen": "pretrained encoder frozen, linear probe",
     "attention_off": "its embeddings alone, pooled and fine-tuned (attention off)",
     "random_init": "its architecture from random weights",
@@ -87,7 +91,7 @@ def row_config(row: str, quick: bool, data_path: str, bert_dir: str):
             config[section][field] = value
         if quick:
             config.train.max_steps = 4
-            if row == "finetuned_bag":
+            if row.startswith("finetuned_bag"):
                 config.model.bag_buckets = 1 << 10
                 config.optim.bag_init = "naive_bayes"
     return config
