@@ -9,7 +9,9 @@ Run:
   python -m experiments.predict --workdir=runs/ft "a moving, funny film"
 
 The directory needs config.json, model.safetensors and tokenizer.json (or vocab.txt) of a BERT or
-RoBERTa-layout encoder whose padding id is 0 (BERT's [PAD]). The length (the 95th percentile in
+RoBERTa-layout encoder whose padding id is 0 (BERT's [PAD]); its config.json decides the sizes,
+positions, embedding dropout and score, so overriding model.num_layers and the like is refused
+(model.pretrained_layers=N keeps the first N layers). The length (the 95th percentile in
 the checkpoint's tokens, [CLS] and [SEP] included), the tail a longer text keeps (3/4), the epochs
 (about 30,000 examples seen, 2 to 4), warmup (7.5%) and the evaluation interval are chosen from
 the training split as configs/csv.py chooses them, printed when the run starts and recorded in

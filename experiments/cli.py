@@ -17,7 +17,7 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from experiments import parallel, workdirs
+from experiments import fields, parallel, workdirs
 from experiments.errors import UserError
 from experiments.training import loop
 
@@ -113,6 +113,7 @@ def run_in_workdir(
     config, workdir = fv.config, fv.workdir
     if config is None or not workdir:
         raise UserError("both --config=configs/<name>.py and --workdir=DIR are required")
+    fields.check_overrides(config, config_flags.get_override_values(fv["config"]))
     parallel.initialize_from_flags(fv)
     fresh = not os.path.exists(workdir)
     with interrupt_detail(lambda: loop.resume_hint(workdir)):

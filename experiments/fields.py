@@ -447,6 +447,31 @@ PRETRAINED_OFF = {
 }
 
 
+# What a pretrained encoder's own config.json decides in place of config.model's field.
+PRETRAINED_OWN = (
+    "model.d_model",
+    "model.num_heads",
+    "model.num_layers",
+    "model.d_ff",
+    "model.positions",
+    "model.embed_dropout",
+    "model.score",
+)
+
+
+def check_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> None:
+    """Command-line overrides a run would silently drop: with model.pretrained, the fields its
+    checkpoint decides (PRETRAINED_OWN). `overrides`: flat names, as config_flags records them."""
+    if not config.model.pretrained:
+        return
+    dropped = sorted(name for name in overrides if name in PRETRAINED_OWN)
+    if dropped:
+        raise UserError(
+            f"{', '.join(dropped)}: with model.pretrained the checkpoint's config.json decides "
+            "these; model.pretrained_layers=N keeps its first N layers"
+        )
+
+
 def check_pretrained(config: ml_collections.ConfigDict) -> None:
     """model.pretrained's settings: every field it cannot honour is named, in one line."""
     faults = [

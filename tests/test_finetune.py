@@ -382,6 +382,10 @@ def test_what_fine_tuning_cannot_do_is_refused_in_one_line(csv, tmp_path, capsys
             ["optim.adversarial_eps=1.0", "model.ngram_buckets=64"],
         ),
         (["--config.model.pooling=max"], ["model.pooling='max' (cls or mean)"]),
+        (
+            ["--config.model.num_layers=2", "--config.model.d_model=32"],
+            ["model.d_model, model.num_layers: with model.pretrained", "pretrained_layers=N"],
+        ),
         (["--config.model.pretrained=" + str(tmp_path)], ["no config.json"]),
         (["--config.model.pretrained=" + str(tmp_path / "none")], ["is not a directory"]),
     ):
