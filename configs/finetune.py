@@ -39,7 +39,8 @@ Variants (`configs/finetune.py:<arg>`):
           (none) on seed 0, in the same table.
   tiny    a few steps at 32 tokens, for tests (tests/data/bert/tiny_bert).
 predict (--explain), visualize (--steps) and faithfulness serve the workdir; predict's
-most-attended tokens are its last layer's attention, averaged over heads and queries.
+most-attended tokens are its last layer's attention, averaged over heads and queries ([CLS] and
+[SEP] not listed).
 """
 
 import ml_collections

@@ -8,17 +8,18 @@ lines at the end are ignored). Stdout has one line per text, in input order, aft
 
   label  probability  most-attended tokens, each with the attention it receives
 
-separated by tabs. With --json, one JSON object per text and no header. A text that cannot be
-classified (empty, not UTF-8) gets the label `error` (`{"error": ...}` in JSON) and a one-line
-error on stderr; the others are still answered, and the exit status is 2 if any text failed. A
-text with no token the model knows (every character outside the vocabulary but for whitespace)
-gets the label `unknown` and no probability: the model has nothing to go on. Stderr says which
-checkpoint answers, and adds a line `note: text N: ...` for an answer that reads less than it
-seems: a text cut to the model's length (`read the first N and last K of M tokens`), one
-whose tokens are mostly outside the vocabulary (`mostly unknown: ...`), or one written mostly in
-a script that was under 10% of the training texts' letters (`written in Latin letters, which
-were 0.4% of ...`; workdirs trained before scripts.json was written skip this); with --json the
-same words are the object's `note`.
+separated by tabs. The tokens are the text's own: the ones put around it ([CLS], [SEP]) are not
+listed, although a fine-tuned encoder often sends them the most attention. With --json, one JSON
+object per text and no header. A text that cannot be classified (empty, not UTF-8) gets the label
+`error` (`{"error": ...}` in JSON) and a one-line error on stderr; the others are still answered,
+and the exit status is 2 if any text failed. A text with no token the model knows (every character
+outside the vocabulary but for whitespace) gets the label `unknown` and no probability: the model
+has nothing to go on. Stderr says which checkpoint answers, and adds a line `note: text N: ...` for
+an answer that reads less than it seems: a text cut to the model's length (`read the first N and
+last K of M tokens`), one whose tokens are mostly outside the vocabulary (`mostly unknown: ...`), or
+one written mostly in a script that was under 10% of the training texts' letters (`written in Latin
+letters, which were 0.4% of ...`; workdirs trained before scripts.json was written skip this); with
+--json the same words are the object's `note`.
 
 --explain adds three columns (`explain` in JSON): the top tokens by leave-one-out, each with the
 drop of the probability when it alone is erased, and the probability once the 3 most-attended
@@ -51,7 +52,8 @@ def predict_one(trained: serving.Trained, text: str, top: int) -> dict:
         return {"label": None, "probability": None, "top_tokens": [], **about}
     result = maps.analyse(trained.params, trained.cfg, ids_L, serving.encode_bag(trained, text))
     probs_C, received_L = result["probs"], result["received"]
-    order = np.argsort(-received_L, kind="stable")[:top]
+    text_L = np.flatnonzero(~np.isin(ids_L, serving.framing_ids(trained)))
+    order = text_L[np.argsort(-received_L[text_L], kind="stable")][:top]
     tokens = trained.tokenizer.tokens(ids_L.tolist())
     return {
         "label": trained.label_names[int(probs_C.argmax())],
