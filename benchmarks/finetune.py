@@ -11,6 +11,8 @@ trained once per seed through `python -m experiments.train`'s own code:
   finetuned_bag  configs/finetune.py:bag: finetuned with the bag of n-grams beside it
   finetuned_bag_layer_decay  finetuned_bag with optim.layer_decay=0.9: each lower layer's
                  learning rate 0.9 times the one above (the embeddings 0.9**7 of the head's)
+  finetuned_bag_ema  finetuned_bag evaluated and served as a running average of its weights
+                 (optim.ema_decay=0.99: about the last 100 steps)
   finetuned_all_epochs  finetuned with train.patience=0: every epoch, the best validated kept
 
 The two rows that train a linear layer over fixed or shallow features get learning rate 1e-3,
@@ -47,6 +49,7 @@ ROWS: dict[str, tuple[str, dict] | None] = {
     "random_init": ("finetune.py", {"model.pretrained_init": "random"}),
     "finetuned_bag": ("finetune.py:bag", {}),
     "finetuned_bag_layer_decay": ("finetune.py:bag", {"optim.layer_decay": 0.9}),
+    "finetuned_bag_ema": ("finetune.py:bag", {"optim.ema_decay": 0.99}),
     "finetuned_all_epochs": ("finetune.py", {"train.patience": 0}),
 }
 LABELS = {  # in the order the table shows them: the fine-tune, its variants and ablations, others
@@ -54,6 +57,7 @@ LABELS = {  # in the order the table shows them: the fine-tune, its variants and
     "finetuned_all_epochs": "fine-tuned for all its epochs (no early stopping)",
     "finetuned_bag": "fine-tuned with the bag of n-grams beside it",
     "finetuned_bag_layer_decay": "the same with layer-wise learning-rate decay 0.9",
+    "finetuned_bag_ema": "the same served as a running average of its weights (EMA 0.99)",
     "frozen": "pretrained encoder frozen, linear probe",
     "attention_off": "its embeddings alone, pooled and fine-tuned (attention off)",
     "random_init": "its architecture from random weights",
