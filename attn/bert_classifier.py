@@ -37,6 +37,7 @@ __all__ = [
     "Config",
     "apply",
     "attend",
+    "attention_layout",
     "attention_steps",
     "bag_ids",
     "embed",
@@ -106,6 +107,14 @@ def family(cfg: AnyConfig):
     """The module whose `init`, `apply`, `embed`, `bag_ids` and `attention_steps` serve `cfg`:
     attn.bert_classifier for its Config, else attn.classifier (the same signatures)."""
     return sys.modules[__name__] if isinstance(cfg, Config) else classifier
+
+
+def attention_layout(cfg: AnyConfig) -> tuple[int, int, str]:
+    """(layers, heads, score) of either classifier's attention: attn.classifier's own, or the
+    encoder's here (scaled dot products, as its checkpoint computes them)."""
+    if isinstance(cfg, Config):
+        return cfg.encoder.num_layers, cfg.encoder.num_heads, "scaled_dot"
+    return cfg.num_layers, cfg.num_heads, cfg.score
 
 
 @functools.lru_cache(maxsize=8)

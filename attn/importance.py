@@ -74,11 +74,7 @@ class Bag(NamedTuple):
 
 def has_attention(cfg: ModelConfig) -> bool:
     """Whether the model has attention weights to read: an encoder layer or structured pooling."""
-    return _num_layers(cfg) > 0 or cfg.pooling == "structured"
-
-
-def _num_layers(cfg: ModelConfig) -> int:
-    return cfg.encoder.num_layers if isinstance(cfg, bert_classifier.Config) else cfg.num_layers
+    return bert_classifier.attention_layout(cfg)[0] > 0 or cfg.pooling == "structured"
 
 
 def probabilities(
@@ -138,7 +134,7 @@ def rollout(params: dict, tokens_BxL: jax.Array, cfg: ModelConfig) -> jax.Array:
     layer, R = Ã_n ⋯ Ã_1, read out with the pooling's weights over final positions (the CLS row
     for cls pooling, structured pooling's hop-averaged weights, else the mean over real rows).
     ValueError for a model without encoder layers: rollout needs at least one."""
-    if _num_layers(cfg) == 0:
+    if bert_classifier.attention_layout(cfg)[0] == 0:
         raise ValueError("importance.rollout: the model has no encoder layer (num_layers=0)")
     real_BxL = tokens_BxL != PAD
     _, aux = bert_classifier.family(cfg).apply(params, tokens_BxL, _matrix(cfg))

@@ -78,14 +78,6 @@ def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
     )
 
 
-def attention_layout(cfg: finetune.ModelConfig) -> tuple[int, int, str]:
-    """(layers, heads, score) of a served model's attention: attn.classifier's own, or a
-    fine-tuned BERT-family encoder's (scaled dot products, as its checkpoint computes them)."""
-    if isinstance(cfg, bert_classifier.Config):
-        return cfg.encoder.num_layers, cfg.encoder.num_heads, "scaled_dot"
-    return cfg.num_layers, cfg.num_heads, cfg.score
-
-
 def framing_ids(trained: Trained) -> np.ndarray:
     """int32: the ids that are no token of a text, which no ranking picks and no erasure removes:
     PAD and the tokens put around a text (CLS, or a checkpoint's [CLS] and [SEP])."""

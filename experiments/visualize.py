@@ -115,7 +115,7 @@ def visualize(
 def _check_choice(cfg: finetune.ModelConfig, **choice: int) -> None:
     """Each flag's allowed range for this model, and why. Windows longer than the model's
     max_len are fine: texts are already cut to it."""
-    num_layers, num_heads, _ = serving.attention_layout(cfg)
+    num_layers, num_heads, _ = bert_classifier.attention_layout(cfg)
     bounds = {
         "layer": (0, num_layers - 1, f"the model has {num_layers} layer(s), from 0"),
         "head": (0, num_heads - 1, f"the model has {num_heads} head(s), from 0"),
@@ -175,7 +175,7 @@ def _draw(
 ) -> list[str]:
     """Writes every file into `out`; returns their names in the order written."""
     cfg = trained.cfg
-    _, num_heads, score = serving.attention_layout(cfg)
+    _, num_heads, score = bert_classifier.attention_layout(cfg)
     names, rows = [], []
     first = None
     x_title = _x_title(cfg, layer)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attn import bag, bert, bert_classifier, importance, layers, pooling
+from attn import bag, bert, bert_classifier, classifier, importance, layers, pooling
 
 DATA = pathlib.Path(__file__).parent / "data" / "bert"
 
@@ -166,6 +166,10 @@ def test_importance_reads_the_encoders_attention_and_erases_with_its_mask(tiny, 
     np.testing.assert_allclose(loo[0, 3], p[0] - p_erased, atol=1e-6)
     off = bert_classifier.Config(encoder=bert.first_layers(params, enc, 0)[1], max_len=16)
     assert not importance.has_attention(off)
+    assert bert_classifier.attention_layout(cfg) == (enc.num_layers, enc.num_heads, "scaled_dot")
+    assert bert_classifier.attention_layout(off)[0] == 0
+    own = classifier.ModelConfig(vocab_size=8, num_layers=3, num_heads=2, d_model=8, score="mlp")
+    assert bert_classifier.attention_layout(own) == (3, 2, "mlp")
 
 
 def test_config_refuses_what_the_encoder_cannot_do(tiny):
