@@ -369,6 +369,8 @@ FACTS |= {
     "finetune-frozen": lambda r: _finetune_mean(r, "frozen"),
     "finetune-bag": lambda r: _finetune_mean(r, "finetuned_bag"),
     "finetune-all-epochs": lambda r: _finetune_mean(r, "finetuned_all_epochs"),
+    "finetune-bag-layer-decay": lambda r: _finetune_mean(r, "finetuned_bag_layer_decay"),
+    "finetune-bag-ema": lambda r: _finetune_mean(r, "finetuned_bag_ema"),
     "finetune-bag-seeds": lambda r: _seed_list(
         [x["test_accuracy"] for x in finetune.runs(r["finetune"], "finetuned_bag")]
     ),
