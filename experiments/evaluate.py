@@ -82,7 +82,14 @@ def _evaluate(trained: serving.Trained, s: encoding.Split, out: str, **about: st
     dp = parallel.data_parallel(trained.config.data)
     params = parallel.replicate(trained.params, dp)
     result = classify.evaluate(
-        params, trained.cfg, s.ids, s.labels, data=trained.config.data, dp=dp, bag_ids=s.bag_ids
+        params,
+        trained.cfg,
+        s.ids,
+        s.labels,
+        data=trained.config.data,
+        dp=dp,
+        bag_ids=s.bag_ids,
+        desc="evaluate",
     )
     result["step"] = trained.step
     result["label_names"] = list(trained.label_names)

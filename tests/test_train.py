@@ -377,7 +377,9 @@ def test_training_stops_early_when_validation_stops_improving(tfds_dir, tmp_path
     assert stop is not None and stop < 60, rows
     assert max(r["step"] for r in rows) == stop
     assert checkpoints.latest_step(workdir, checkpoints.LAST) == stop
-    assert "stopping early" in capsys.readouterr().out
+    out = capsys.readouterr()
+    assert "stopping early" in out.out
+    assert f"test (step {result['step']}):" in out.err  # the test split's own progress bar
     again = train.train_and_evaluate(config, workdir)
     drop = lambda r: {k: v for k, v in r.items() if k != "examples_per_sec"}
     assert drop(again) == drop(result)

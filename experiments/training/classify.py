@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+from tqdm import tqdm
 
 from attn import classifier
 from experiments import fields, parallel, workdirs
@@ -166,19 +167,31 @@ def probabilities(
     data: Any,
     dp: parallel.DataParallel,
     bag_ids: Sequence[np.ndarray] | None = None,
+    desc: str = "",
 ) -> tuple[np.ndarray, float]:
     """Class probabilities [N, C] in example order, and the summed cross-entropy, on every
     process; each process reads only its rows of each batch.
 
     `data` is config.data (batch size, buckets, max_len, bag_len); `dp` places a batch on the
-    devices; `bag_ids` is the split's `encoding.Split.bag_ids`.
+    devices; `bag_ids` is the split's `encoding.Split.bag_ids`; `desc` names a progress bar on
+    stderr (none without it: validation between training steps keeps the train bar alone).
     """
     probs_NxC = np.zeros((len(ids), cfg.num_classes), np.float32)
     loss_sum = 0.0
+    bar = tqdm(
+        total=len(ids),
+        desc=desc,
+        unit="text",
+        mininterval=1,
+        leave=False,
+        disable=not desc or not parallel.is_primary(),
+    )
     for idx, batch in loop.eval_batches(ids, labels, data=data, dp=dp, bag_ids=bag_ids):
         sums, probs_BxC = eval_step(params, batch, cfg=cfg)
         probs_NxC[idx] = parallel.fetch(probs_BxC)[: len(idx)]
         loss_sum += float(sums["loss_sum"])
+        bar.update(len(idx))
+    bar.close()
     return probs_NxC, loss_sum
 
 
@@ -191,10 +204,14 @@ def evaluate(
     data: Any,
     dp: parallel.DataParallel,
     bag_ids: Sequence[np.ndarray] | None = None,
+    desc: str = "",
 ) -> dict:
-    """accuracy, macro_f1, loss, confusion, num_examples and examples_per_sec on one split."""
+    """accuracy, macro_f1, loss, confusion, num_examples and examples_per_sec on one split
+    (`desc`: a progress bar's name, as `probabilities`)."""
     start = time.perf_counter()
-    probs_NxC, loss_sum = probabilities(params, cfg, ids, labels, data=data, dp=dp, bag_ids=bag_ids)
+    probs_NxC, loss_sum = probabilities(
+        params, cfg, ids, labels, data=data, dp=dp, bag_ids=bag_ids, desc=desc
+    )
     seconds = time.perf_counter() - start
     confusion = np.zeros((cfg.num_classes, cfg.num_classes), np.int64)
     np.add.at(confusion, (labels, probs_NxC.argmax(-1)), 1)
@@ -251,7 +268,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             )
             return optim.init_params(key, cfg, bag_VxC=bag_VxC, tokens_VxD=tokens_VxD)
 
-    def split_metrics(state: dict, split: encoding.Split) -> dict:
+    def split_metrics(state: dict, split: encoding.Split, desc: str = "") -> dict:
         return evaluate(
             optim.eval_params(state),
             cfg,
@@ -260,6 +277,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             data=d,
             dp=s.dp,
             bag_ids=split.bag_ids,
+            desc=desc,
         )
 
     task = setup.Task(
@@ -285,7 +303,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         lr_scales=finetune.layer_scales(pre.encoder.num_layers, o.layer_decay) if pre else None,
     )
     best_state = setup.train(s, task, workdir)
-    result = split_metrics(best_state, test)
+    result = split_metrics(best_state, test, desc=f"test (step {int(best_state['step'])})")
     result["step"] = int(best_state["step"])
     result["label_names"] = list(data.label_names)  # as evaluate's files have them
     primary = parallel.is_primary()
