@@ -4,6 +4,7 @@ on the result, predict --explain, visualize and faithfulness on it, the checkpoi
 saved and read back, the bag of n-grams beside the
 encoder, and what is refused."""
 
+import functools
 import json
 import os
 import random
@@ -477,3 +478,44 @@ def test_a_fine_tunes_checkpoint_from_before_the_bag_still_resumes(csv):
     bag_meta = checkpoints.new_meta(bagged, ["n", "p"], ema=False)
     assert checkpoints._run_fields(bag_meta) != checkpoints._run_fields(old)
     assert serving.model_config(old, "old") == finetune.model_config(_config(csv), enc, 2)
+
+
+def test_a_weight_averaged_fine_tune_is_served_and_resumed_as_trained(csv, tmp_path, monkeypatch):
+    """configs/finetune.py:bag's average (optim.ema_decay) on the tiny checkpoint, with the bag:
+    serving loads the averaged encoder, head and bag, whose validation accuracy is the logged
+    one; a run interrupted after its first checkpoint resumes to the same averaged state."""
+    config = functools.partial(
+        _config,
+        csv,
+        optim__ema_decay=0.9,
+        model__bag_buckets=4096,
+        optim__bag_init="naive_bayes",
+    )
+    whole = str(tmp_path / "whole")
+    train.train_and_evaluate(config(), whole)
+    state = saved_state(whole, 6)
+    assert set(state["ema"]) == {"encoder", "head", "bag"}
+    best_step = int(os.listdir(os.path.join(whole, "best"))[0])
+    loaded = serving.load(whole)
+    assert_trees_equal(loaded.params, saved_state(whole, best_step, "best")["ema"])
+    gap = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), state["ema"], state["params"])
+    assert max(jax.tree.leaves(gap)) > 0  # the average is not the last weights
+    best = max(r["accuracy"] for r in metric_rows(whole) if r["split"] == "validation")
+    assert evaluate.evaluate_workdir(whole, "validation")["accuracy"] == pytest.approx(best)
+
+    cut = str(tmp_path / "cut")
+    real_prefetch = batching.prefetch
+
+    def interrupted_at_step_5(stream):
+        for step, batch in enumerate(real_prefetch(stream), 1):
+            if step == 5:  # after the step-3 checkpoint
+                raise KeyboardInterrupt
+            yield batch
+
+    monkeypatch.setattr(batching, "prefetch", interrupted_at_step_5)
+    with pytest.raises(KeyboardInterrupt):
+        train.train_and_evaluate(config(), cut)
+    monkeypatch.setattr(batching, "prefetch", real_prefetch)
+    train.train_and_evaluate(config(), cut)
+    assert metric_rows(cut) == metric_rows(whole)
+    assert_trees_equal(saved_state(cut, 6), state)
