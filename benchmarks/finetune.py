@@ -62,7 +62,8 @@ LABELS = {  # in the order the table shows them: the fine-tune, its variants and
     "finetuned_bag": "fine-tuned with the bag of n-grams beside it, weights averaged "
     "(`configs/finetune.py:bag`)",
     "finetuned_bag_no_ema": "the same without the weight average (EMA 0.99)",
-    "finetuned_bag_layer_decay": "the same without it, with layer-wise learning-rate decay 0.9",
+    "finetuned_bag_layer_decay": "the same without the average, with layer-wise learning-rate "
+    "decay 0.9",
     "frozen": "pretrained encoder frozen, linear probe",
     "attention_off": "its embeddings alone, pooled and fine-tuned (attention off)",
     "random_init": "its architecture from random weights",
