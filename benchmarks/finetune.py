@@ -15,6 +15,8 @@ trained once per seed through `python -m experiments.train`'s own code:
                  layer's learning rate 0.9 times the one above (the embeddings 0.9**7 of the
                  head's)
   finetuned_all_epochs  finetuned with train.patience=0: every epoch, the best validated kept
+  finetuned_ema  finetuned evaluated and served as a running average of its weights
+                 (optim.ema_decay=0.99), as finetuned_bag is
 
 The two rows that train a linear layer over fixed or shallow features get learning rate 1e-3,
 chosen on validation (the checkpoint's rows keep configs/finetune.py's 1e-4). `--rows` picks
@@ -55,10 +57,12 @@ ROWS: dict[str, tuple[str, dict] | None] = {
         {"optim.ema_decay": 0.0, "optim.layer_decay": 0.9},
     ),
     "finetuned_all_epochs": ("finetune.py", {"train.patience": 0}),
+    "finetuned_ema": ("finetune.py", {"optim.ema_decay": 0.99}),
 }
 LABELS = {  # in the order the table shows them: the fine-tune, its variants and ablations, others
     "finetuned": "pretrained encoder fine-tuned (`configs/finetune.py`)",
     "finetuned_all_epochs": "fine-tuned for all its epochs (no early stopping)",
+    "finetuned_ema": "fine-tuned, weights averaged (EMA 0.99)",
     "finetuned_bag": "fine-tuned with the bag of n-grams beside it, weights averaged "
     "(`configs/finetune.py:bag`)",
     "finetuned_bag_no_ema": "the same without the weight average (EMA 0.99)",
