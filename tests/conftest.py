@@ -257,6 +257,28 @@ def saved_state(workdir: str, step: int, which: str = "checkpoints") -> dict:
         return mngr.restore(step, args=args)["state"]
 
 
+def train_interrupted(
+    monkeypatch: pytest.MonkeyPatch, config: ml_collections.ConfigDict, workdir: str, step: int
+) -> None:
+    """`train_and_evaluate(config, workdir)` stopped by Ctrl-C as it fetches batch `step` (1 is
+    the first), as a user's would be; the input pipeline is whole again afterwards."""
+    from experiments import train
+    from experiments.data import batching
+
+    real_prefetch = batching.prefetch
+
+    def interrupted(stream):
+        for i, batch in enumerate(real_prefetch(stream), 1):
+            if i == step:
+                raise KeyboardInterrupt
+            yield batch
+
+    monkeypatch.setattr(batching, "prefetch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train.train_and_evaluate(config, workdir)
+    monkeypatch.setattr(batching, "prefetch", real_prefetch)
+
+
 def assert_trees_equal(a, b) -> None:
     """Same structure, and every leaf bitwise equal."""
     leaves_a, tree_a = jax.tree.flatten(a)

@@ -23,12 +23,13 @@ from conftest import (
     metric_rows,
     run_here,
     saved_state,
+    train_interrupted,
 )
 
 from attn import bert, bert_classifier
 from configs import finetune as finetune_config
 from experiments import cli, evaluate, parallel, predict, serving, train
-from experiments.data import batching, checkpoint_tokenizer, chosen, encoding, tokenizers
+from experiments.data import checkpoint_tokenizer, chosen, encoding, tokenizers
 from experiments.errors import UserError
 from experiments.explain import faithfulness, maps, ranking
 from experiments.training import baseline, checkpoints, classify, finetune, optim
@@ -193,19 +194,8 @@ def test_resume_after_interrupt_matches_the_uninterrupted_run(
     finetuned, csv, tmp_path, monkeypatch
 ):
     workdir = str(tmp_path / "run")
-    real_prefetch = batching.prefetch
-
-    def interrupted_at_step_5(stream):
-        for step, batch in enumerate(real_prefetch(stream), 1):
-            if step == 5:  # after the step-3 checkpoint
-                raise KeyboardInterrupt
-            yield batch
-
-    monkeypatch.setattr(batching, "prefetch", interrupted_at_step_5)
-    with pytest.raises(KeyboardInterrupt):
-        train.train_and_evaluate(_config(csv), workdir)
+    train_interrupted(monkeypatch, _config(csv), workdir, step=5)  # after the step-3 checkpoint
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["3"]
-    monkeypatch.setattr(batching, "prefetch", real_prefetch)
     train.train_and_evaluate(_config(csv), workdir)
     assert metric_rows(workdir) == metric_rows(finetuned)
     assert_trees_equal(saved_state(workdir, 6), saved_state(finetuned, 6))
@@ -504,18 +494,8 @@ def test_a_weight_averaged_fine_tune_is_served_and_resumed_as_trained(csv, tmp_p
     assert evaluate.evaluate_workdir(whole, "validation")["accuracy"] == pytest.approx(best)
 
     cut = str(tmp_path / "cut")
-    real_prefetch = batching.prefetch
-
-    def interrupted_at_step_5(stream):
-        for step, batch in enumerate(real_prefetch(stream), 1):
-            if step == 5:  # after the step-3 checkpoint
-                raise KeyboardInterrupt
-            yield batch
-
-    monkeypatch.setattr(batching, "prefetch", interrupted_at_step_5)
-    with pytest.raises(KeyboardInterrupt):
-        train.train_and_evaluate(config(), cut)
-    monkeypatch.setattr(batching, "prefetch", real_prefetch)
+    train_interrupted(monkeypatch, config(), cut, step=5)  # after the step-3 checkpoint
+    assert sorted(os.listdir(os.path.join(cut, "checkpoints"))) == ["3"]
     train.train_and_evaluate(config(), cut)
     assert metric_rows(cut) == metric_rows(whole)
     assert_trees_equal(saved_state(cut, 6), state)

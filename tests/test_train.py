@@ -15,12 +15,13 @@ from conftest import (
     metric_rows,
     saved_state,
     tiny_config,
+    train_interrupted,
     tree_hash,
 )
 
 from attn import classifier
 from experiments import evaluate, parallel, predict, serving, train, visualize, workdirs
-from experiments.data import batching, encoding, tokenizers
+from experiments.data import encoding, tokenizers
 from experiments.errors import UserError
 from experiments.explain import maps
 from experiments.training import bag_prior, checkpoints, classify, loop, metrics
@@ -152,21 +153,11 @@ def test_evaluate_predict_visualize(trained_copy, tmp_path):
 
 def test_resume_after_interrupt_matches_uninterrupted_run(trained, tfds_dir, tmp_path, monkeypatch):
     workdir = str(tmp_path / "run")
-    real_prefetch = batching.prefetch
-
-    def interrupted_at_step_6(stream):
-        for step, batch in enumerate(real_prefetch(stream), 1):
-            if step == 6:  # after the step-3 checkpoint, with steps 4 and 5 done, 4 logged
-                raise KeyboardInterrupt
-            yield batch
-
-    monkeypatch.setattr(batching, "prefetch", interrupted_at_step_6)
-    with pytest.raises(KeyboardInterrupt):
-        train.train_and_evaluate(tiny_config(tfds_dir), workdir)
+    # After the step-3 checkpoint, with steps 4 and 5 done, 4 logged.
+    train_interrupted(monkeypatch, tiny_config(tfds_dir), workdir, step=6)
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["3"]
     assert max(r["step"] for r in metric_rows(workdir)) == 4  # dropped when resuming
 
-    monkeypatch.setattr(batching, "prefetch", real_prefetch)
     train.train_and_evaluate(tiny_config(tfds_dir), workdir)
     assert metric_rows(workdir) == metric_rows(trained)
     assert_trees_equal(saved_state(workdir, 6), saved_state(trained, 6))
