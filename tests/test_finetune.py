@@ -296,6 +296,34 @@ def test_layer_decay_scales_each_layers_update(csv, tmp_path):
     np.testing.assert_allclose(ratio, 0.25, rtol=1e-6)
 
 
+def test_frozen_encoders_gradients_do_not_shrink_the_heads_by_clipping(csv):
+    """With warm_lr_scale 0 the head steps as it would alone: the encoder's gradients are zeroed
+    before clipping by global norm, not counted in the norm and then discarded. (Two steps with
+    different encoder gradients: Adam undoes one constant factor, not a changing one.)"""
+    config = _config(csv, optim__warm_lr_scale=0.0, optim__warmup_steps=0)
+    config.optim.clip_norm = 1.0
+    params = {
+        "encoder": {"layer_0": {"w": np.zeros(3, np.float32)}},
+        "head": {"w": np.zeros(3, np.float32)},
+    }
+    head_grad = np.full(3, 0.5, np.float32)
+    tx, alone = (
+        optim.make_optimizer(config.optim, 10, finetune.warm),
+        optim.make_optimizer(config.optim, 10),
+    )
+    state, alone_state = tx.init(params), alone.init({"head": params["head"]})
+    for encoder_grad in (100.0, 1.0):
+        grads = {
+            "encoder": {"layer_0": {"w": np.full(3, encoder_grad, np.float32)}},
+            "head": {"w": head_grad},
+        }
+        updates, state = tx.update(grads, state, params)
+        head = {"head": params["head"]}
+        want, alone_state = alone.update({"head": {"w": head_grad}}, alone_state, head)
+        np.testing.assert_array_equal(updates["encoder"]["layer_0"]["w"], 0.0)
+        np.testing.assert_allclose(updates["head"]["w"], want["head"]["w"], rtol=1e-6)
+
+
 def _tokenizer_json_dir(tmp_path: Path) -> Path:
     """tiny_bert with a tokenizer.json (built from its vocab.txt) that pads and truncates to
     fixed lengths by itself, as the shipped ones do."""

@@ -35,14 +35,16 @@ def make_optimizer(
     schedule = _schedule(optim, warmup, max(total_steps, warmup + 1))
     # Decay matrices only: biases, LayerNorm scales and offsets are vectors.
     decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+    scale = optim.get("warm_lr_scale", 1.0) if warm is not None else 1.0
     tx = optax.chain(
+        # Frozen gradients zeroed first, so that they do not shrink the others' by clipping.
+        *([optax.masked(optax.set_to_zero(), warm)] if scale == 0.0 else []),
         optax.clip_by_global_norm(optim.clip_norm),
         optax.adamw(schedule, weight_decay=optim.weight_decay, mask=decay_mask),
     )
     if lr_scales is not None:
         tx = optax.chain(tx, _scale_by_tree(lr_scales))
-    scale = optim.get("warm_lr_scale", 1.0)
-    if warm is not None and scale != 1.0:
+    if scale != 1.0:
         tx = optax.chain(tx, optax.masked(optax.scale(scale), warm))
     return optax.apply_if_finite(tx, max_consecutive_errors=_NEVER)
 
