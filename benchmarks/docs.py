@@ -371,7 +371,7 @@ FACTS |= {
     "finetune-all-epochs": lambda r: _finetune_mean(r, "finetuned_all_epochs"),
     "finetune-bag-layer-decay": lambda r: _finetune_mean(r, "finetuned_bag_layer_decay"),
     "finetune-bag-no-ema": lambda r: _finetune_mean(r, "finetuned_bag_no_ema"),
-    "finetune-ema": lambda r: _finetune_mean(r, "finetuned_ema"),
+    "finetune-no-ema": lambda r: _finetune_mean(r, "finetuned_no_ema"),
     "finetune-bag-no-ema-seeds": lambda r: _seed_list(
         [x["test_accuracy"] for x in finetune.runs(r["finetune"], "finetuned_bag_no_ema")]
     ),

@@ -5,18 +5,17 @@ trained once per seed through `python -m experiments.train`'s own code:
   tfidf          word 1-2-gram TF-IDF (sublinear tf) + logistic regression, C chosen on validation
   scratch        configs/csv.py: attn's own encoder from random weights, with its bag
   frozen         configs/finetune.py with the checkpoint frozen (optim.warm_lr_scale=0): a probe
-  finetuned      configs/finetune.py: the checkpoint (`--bert_dir`) fine-tuned
+  finetuned      configs/finetune.py: the checkpoint (`--bert_dir`) fine-tuned, evaluated and
+                 served as a running average of its weights (optim.ema_decay=0.99)
+  finetuned_no_ema  finetuned without the running average (optim.ema_decay=0)
   attention_off  finetuned with model.pretrained_layers=0: its embeddings alone, mean-pooled
   random_init    finetuned with model.pretrained_init=random: the architecture, no pretraining
-  finetuned_bag  configs/finetune.py:bag: finetuned with the bag of n-grams beside it, evaluated
-                 and served as a running average of its weights (optim.ema_decay=0.99)
+  finetuned_bag  configs/finetune.py:bag: finetuned with the bag of n-grams beside it
   finetuned_bag_no_ema  finetuned_bag without the running average (optim.ema_decay=0)
   finetuned_bag_layer_decay  finetuned_bag_no_ema with optim.layer_decay=0.9: each lower
                  layer's learning rate 0.9 times the one above (the embeddings 0.9**7 of the
                  head's)
   finetuned_all_epochs  finetuned with train.patience=0: every epoch, the best validated kept
-  finetuned_ema  finetuned evaluated and served as a running average of its weights
-                 (optim.ema_decay=0.99), as finetuned_bag is
 
 The two rows that train a linear layer over fixed or shallow features get learning rate 1e-3,
 chosen on validation (the checkpoint's rows keep configs/finetune.py's 1e-4). `--rows` picks
@@ -45,6 +44,7 @@ ROWS: dict[str, tuple[str, dict] | None] = {
     "scratch": ("csv.py", {}),
     "frozen": ("finetune.py", {"optim.warm_lr_scale": 0.0, "optim.learning_rate": 1e-3}),
     "finetuned": ("finetune.py", {}),
+    "finetuned_no_ema": ("finetune.py", {"optim.ema_decay": 0.0}),
     "attention_off": (
         "finetune.py",
         {"model.pretrained_layers": 0, "optim.learning_rate": 1e-3},
@@ -57,12 +57,11 @@ ROWS: dict[str, tuple[str, dict] | None] = {
         {"optim.ema_decay": 0.0, "optim.layer_decay": 0.9},
     ),
     "finetuned_all_epochs": ("finetune.py", {"train.patience": 0}),
-    "finetuned_ema": ("finetune.py", {"optim.ema_decay": 0.99}),
 }
 LABELS = {  # in the order the table shows them: the fine-tune, its variants and ablations, others
-    "finetuned": "pretrained encoder fine-tuned (`configs/finetune.py`)",
+    "finetuned": "pretrained encoder fine-tuned, weights averaged (`configs/finetune.py`)",
+    "finetuned_no_ema": "the same without the weight average (EMA 0.99)",
     "finetuned_all_epochs": "fine-tuned for all its epochs (no early stopping)",
-    "finetuned_ema": "fine-tuned, weights averaged (EMA 0.99)",
     "finetuned_bag": "fine-tuned with the bag of n-grams beside it, weights averaged "
     "(`configs/finetune.py:bag`)",
     "finetuned_bag_no_ema": "the same without the weight average (EMA 0.99)",
