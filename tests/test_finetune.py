@@ -217,6 +217,42 @@ def test_the_run_starts_from_the_checkpoint_bit_for_bit(csv, tmp_path):
     assert not np.array_equal(state["params"]["head"]["w"], head0["head"]["w"])
 
 
+def test_a_frozen_encoder_is_not_differentiated(csv):
+    """warm_lr_scale 0: the train step holds the encoder constant, so its gradients are zeros
+    and its backward pass is not compiled (under half the full step's FLOPs), while the head's
+    gradient is the full step's."""
+    _, enc = bert.load(TINY_BERT)
+    config = _config(csv, optim__warm_lr_scale=0.0)
+    pre = finetune.load(config)
+    cfg = finetune.model_config(config, enc, 2)
+    tx = optim.make_optimizer(config.optim, 10, finetune.warm)
+    state = optim.state_of(
+        finetune.init_params(pre, cfg)(jax.random.key(0), True), tx, jax.random.key(1)
+    )
+    r = np.random.default_rng(0)
+    batch = {
+        "tokens": r.integers(5, enc.vocab_size, (4, 16)).astype(np.int32),
+        "label": np.array([0, 1, 0, 1], np.int32),
+        "weight": np.ones(4, np.float32),
+    }
+    kw = dict(cfg=cfg, tx=tx, label_smoothing=0.0, penalty_weight=0.0)
+    steps = {
+        name: jax.jit(functools.partial(classify.train_step, **kw, **extra))
+        for name, extra in (("full", {}), ("frozen", {"frozen": finetune.warm}))
+    }
+    flops = {
+        name: step.lower(state, batch).compile().cost_analysis()["flops"]
+        for name, step in steps.items()
+    }
+    assert flops["frozen"] < 0.5 * flops["full"]  # about a third here
+    (full, m_full), (frozen, m_frozen) = (steps[n](state, batch) for n in ("full", "frozen"))
+    assert_trees_equal(frozen["params"]["encoder"], state["params"]["encoder"])
+    np.testing.assert_allclose(
+        frozen["params"]["head"]["w"], full["params"]["head"]["w"], rtol=1e-5
+    )
+    assert m_frozen["loss"] == pytest.approx(float(m_full["loss"]), rel=1e-6)
+
+
 def test_attention_off_and_random_weights_train_through_the_same_command(csv, tmp_path):
     """pretrained_layers=0 trains the checkpoint's embeddings alone, pooled (the served config
     says 0 layers); pretrained_init=random starts the same architecture from random weights."""

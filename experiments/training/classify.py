@@ -6,7 +6,7 @@ model's class probabilities and metrics over a whole split, and a whole run of i
 import functools
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -110,8 +110,11 @@ def train_step(
     ema_decay: float = 0.0,
     adversarial_eps: float = 0.0,
     adversarial_relative: bool = False,
+    frozen: Callable[[Any], Any] | None = None,
 ) -> tuple[dict, dict]:
     """One optimizer step; a non-finite gradient leaves params unchanged and is counted.
+
+    frozen(params) -> bools marks params not to differentiate (`optim.stop_frozen`).
 
     With an "ema" entry in state, it also moves the average towards the new params by ema_decay.
     With adversarial_eps > 0 the loss gains the loss at adversarially perturbed embeddings; the
@@ -122,7 +125,7 @@ def train_step(
 
     def loss_fn(params, delta_BxLxD):
         loss, metrics, _ = loss_and_metrics(
-            params,
+            optim.stop_frozen(params, frozen),
             batch,
             cfg,
             label_smoothing=label_smoothing,

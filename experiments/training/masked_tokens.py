@@ -10,7 +10,7 @@ encoder sits where a classifier's does and `warm_start` reads both alike.
 import dataclasses
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -88,11 +88,15 @@ def train_step(
     tx: optax.GradientTransformation,
     rate: float,
     predicted: int,
+    frozen: Callable[[Any], Any] | None = None,
 ) -> tuple[dict, dict]:
     """One optimizer step on freshly masked tokens: the masks of step s are a function of the
-    state's rng and s, so a resumed run masks exactly as an uninterrupted one."""
+    state's rng and s, so a resumed run masks exactly as an uninterrupted one. frozen(params) ->
+    bools marks params not to differentiate (`optim.stop_frozen`)."""
     k_mask, k_drop = jax.random.split(jax.random.fold_in(state["rng"], state["step"]))
-    grad_fn = jax.value_and_grad(_loss, has_aux=True)
+    grad_fn = jax.value_and_grad(
+        lambda params, *a, **k: _loss(optim.stop_frozen(params, frozen), *a, **k), has_aux=True
+    )
     (loss, sums), grads = grad_fn(
         state["params"], batch["tokens"], k_mask, cfg, rate, predicted, train=True, rng=k_drop
     )

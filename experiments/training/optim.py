@@ -138,6 +138,15 @@ def _ema_update(ema: Any, params: Any, step: jax.Array, decay: float) -> Any:
     return jax.tree.map(lambda e, p: e + w * (p - e), ema, params)
 
 
+def stop_frozen(params: Any, frozen: Callable[[Any], Any] | None) -> Any:
+    """params with the leaves frozen(params) marks held constant for differentiation: their
+    gradients are zeros, and nothing that only they feed is differentiated (a frozen encoder
+    costs its forward pass alone)."""
+    if frozen is None:
+        return params
+    return jax.tree.map(lambda p, f: jax.lax.stop_gradient(p) if f else p, params, frozen(params))
+
+
 def apply_gradients(
     state: dict,
     grads: Any,

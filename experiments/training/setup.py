@@ -90,9 +90,13 @@ def train(
     steps = total_steps(lc.train, len(task.train_ids), config.data.batch_size)
     warm = task.warm or warm_start.warm_mask(config, s.src)
     tx = optim.make_optimizer(lc.optim, steps, warm, task.lr_scales)
+    # Frozen (warm_lr_scale 0): not differentiated at all, which skips their backward pass.
+    frozen = (
+        {"frozen": warm} if warm is not None and lc.optim.get("warm_lr_scale", 1.0) == 0 else {}
+    )
     # The old state is dead once the step returns: donating it lets XLA update the params and
     # both Adam moments in place instead of allocating and copying three tables a step.
-    step = jax.jit(functools.partial(task.step, cfg=task.cfg, tx=tx), donate_argnums=0)
+    step = jax.jit(functools.partial(task.step, cfg=task.cfg, tx=tx, **frozen), donate_argnums=0)
     if s.src:
         warm_start.check_encoder(task.cfg, s.src)
     # Before the checkpoint's model check: other labels (data.label_names) also mean another
