@@ -485,7 +485,8 @@ def _finetune_md(sec: dict) -> list[str]:
         if key == finetune.IMDB_TARGET:  # said under its own heading, by docs.finetune_imdb
             continue
         if t["finetuned_mean"] is not None and t["bar"] is not None:
-            gap = f" ({(t['finetuned_mean'] - t['bar']) * 100:+.2f} points)"
+            per_seed = " / ".join(f"{g * 100:+.2f}" for g in t["seed_gaps"])
+            gap = f" ({(t['finetuned_mean'] - t['bar']) * 100:+.2f} points; per seed {per_seed})"
         else:
             gap = ""
         lines.append(f"- {t['target']}: {_met(t)}{gap}.")

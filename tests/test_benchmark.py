@@ -257,9 +257,12 @@ def test_finetune_section_accumulates_rows_and_seeds_and_judges_its_targets(tmp_
     ft = [sec["runs"]["finetuned"]["seeds"][s]["test_accuracy"] for s in ("0", "1")]
     assert t["finetuned_mean"] == pytest.approx(sum(ft) / 2) and t["finetuned_seeds"] == ["0", "1"]
     assert t["met"] == (t["finetuned_mean"] - t["bar"] >= 0.05 - 1e-9)
+    assert t["seed_gaps"] == pytest.approx([a - t["bar"] for a in ft])
     bar = sec["targets"]["beats_scratch_and_tfidf"]["bar"]
     assert bar == 1.0  # scratch was not run: TF-IDF alone sets it
     written = (out / "REPORT.md").read_text(encoding="utf-8")
+    per_seed = " / ".join(f"{g * 100:+.2f}" for g in t["seed_gaps"])
+    assert f"per seed {per_seed})" in written
     assert "## 8. What attention earns pretrained" in written
     assert "(seeds 0, 1)" in written and "attention off" in written
     assert run("--rows=finetuned,nope") == 2

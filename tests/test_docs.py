@@ -201,3 +201,21 @@ def test_relative_links_resolve(page):
         assert path.is_relative_to(ROOT), f"{page}: {target} leaves the repository"
         if anchor and path.suffix == ".md":
             assert anchor in _anchors(path), f"{page}: no heading #{anchor} in {path.name}"
+
+
+def test_finetune_verdict_names_each_seed_short_of_the_margin():
+    """Met on the mean is not met on every seed: the verdict names the seeds below 5 points."""
+    t = lambda gaps: {  # noqa: E731
+        "finetuned_mean": 0.8 + sum(gaps) / len(gaps),
+        "bar": 0.8,
+        "met": sum(gaps) / len(gaps) >= 0.05,
+        "finetuned_seeds": ["0", "1", "2"],
+        "seed_gaps": gaps,
+    }
+    targets = {
+        "attention_earns": t([0.07, 0.06, 0.08]),
+        "beats_scratch_and_tfidf": t([0.049, 0.061, 0.045]),
+    }
+    said = docs.finetune_verdict({"finetune": {"targets": targets, "runs": {}}})
+    assert "(target 5: met on the mean, every seed)" in said
+    assert "(target 5: met on the mean; seed 0: 4.90, 2: 4.50)" in said
