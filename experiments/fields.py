@@ -278,8 +278,12 @@ FIELDS: dict[str, Field] = {
         before=False,
     ),
     "optim.ema_decay": Field(
-        "running average of the weights to evaluate and serve; 0 = off",
-        check=number(lambda v: 0 <= v < 1, "in [0, 1) (0 = no running average)"),
+        "running average of the weights to evaluate and serve; 0 = off; -1 = from the run's "
+        "length (over about its last eighth, at most 0.99)",
+        check=number(
+            lambda v: v == -1 or 0 <= v < 1, "in [0, 1) (0 = no running average; -1: from the data)"
+        ),
+        auto=-1,
     ),
     "optim.penalty_weight": Field(
         "weight of structured pooling's ||AA^T - I||^2 penalty",

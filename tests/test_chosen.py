@@ -8,7 +8,7 @@ from conftest import run_here
 
 from configs import csv as csv_config
 from configs import default
-from experiments.data import chosen
+from experiments.data import chosen, datasets
 
 _EN = "the film was {} and the plot {} so i would {} it to a friend who likes quiet dramas"
 _ZH = "这本书的内容{}，读起来{}，推荐给{}的朋友"
@@ -114,3 +114,27 @@ def test_the_bag_length_is_chosen_only_with_a_bag(tmp_path):
 )
 def test_cjk_share(texts, share):
     assert chosen.cjk_share(texts) == pytest.approx(share)
+
+
+@pytest.mark.parametrize(
+    "steps, want", [(810, 0.99), (4210, 0.99), (800, 0.99), (124, 1 - 8 / 124), (10, 0.5)]
+)
+def test_the_weight_average_spans_about_the_last_eighth_of_a_short_run(steps, want):
+    """0.99 as measured on an 810-step fine-tune (about its last 100 steps); a shorter run's
+    average would otherwise reach back into its warmup."""
+    assert chosen.ema_decay(steps) == pytest.approx(want)
+
+
+def test_a_fine_tune_chooses_its_average_from_its_length(tmp_path, capsys):
+    from configs import finetune
+
+    config = finetune.get_config()
+    with config.unlocked():
+        config.data.path = _write(tmp_path / "en.csv", 400, _EN)
+        config.model.pretrained = "unused"  # the choice reads the data, not the checkpoint
+        config.data.tokenizer, config.data.max_len, config.data.tail_len = "word", 32, 24
+    out = chosen.resolve(config)
+    n_train = len(datasets.load_splits(out.data, ("train",))["train"][0])
+    steps = out.train.num_epochs * -(-n_train // out.data.batch_size)
+    assert out.optim.ema_decay == pytest.approx(1 - 8 / steps) and steps < 800
+    assert f"ema_decay={out.optim.ema_decay:.3g}" in capsys.readouterr().err
