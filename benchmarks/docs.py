@@ -371,6 +371,7 @@ FACTS |= {
     "finetune-scratch-mean": lambda r: _finetune_mean(r, "scratch"),
     "finetune-tfidf": lambda r: _finetune_mean(r, "tfidf"),
     "finetune-frozen": lambda r: _finetune_mean(r, "frozen"),
+    "finetune-random": lambda r: _finetune_mean(r, "random_init"),
     "finetune-bag": lambda r: _finetune_mean(r, "finetuned_bag"),
     "finetune-all-epochs": lambda r: _finetune_mean(r, "finetuned_all_epochs"),
     "finetune-bag-layer-decay": lambda r: _finetune_mean(r, "finetuned_bag_layer_decay"),
