@@ -36,9 +36,10 @@ def make_optimizer(
     # Decay matrices only: biases, LayerNorm scales and offsets are vectors.
     decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
     scale = optim.get("warm_lr_scale", 1.0) if warm is not None else 1.0
+    frozen = frozen_mask(optim, warm)
     tx = optax.chain(
         # Frozen gradients zeroed first, so that they do not shrink the others' by clipping.
-        *([optax.masked(optax.set_to_zero(), warm)] if scale == 0.0 else []),
+        *([optax.masked(optax.set_to_zero(), frozen)] if frozen is not None else []),
         optax.clip_by_global_norm(optim.clip_norm),
         optax.adamw(schedule, weight_decay=optim.weight_decay, mask=decay_mask),
     )
@@ -47,6 +48,13 @@ def make_optimizer(
     if scale != 1.0:
         tx = optax.chain(tx, optax.masked(optax.scale(scale), warm))
     return optax.apply_if_finite(tx, max_consecutive_errors=_NEVER)
+
+
+def frozen_mask(
+    optim: ml_collections.ConfigDict, warm: Callable[[Any], Any] | None
+) -> Callable[[Any], Any] | None:
+    """`warm` when optim.warm_lr_scale is 0 (what the run starts from is frozen), else None."""
+    return warm if warm is not None and optim.get("warm_lr_scale", 1.0) == 0 else None
 
 
 def _schedule(optim: ml_collections.ConfigDict, warmup: int, total: int) -> optax.Schedule:

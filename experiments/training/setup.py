@@ -55,7 +55,8 @@ class Task:
     tokenizer: tokenizers.Tokenizer
     train_ids: Sequence[np.ndarray]  # the training texts' ids: the epoch's length, vector counts
     meta: dict  # `checkpoints.new_meta` of the run
-    # (state, batch, *, cfg, tx) -> (state, metrics): the pure train step
+    # (state, batch, *, cfg, tx, frozen) -> (state, metrics): the pure train step; frozen(params)
+    # -> bools marks params not to differentiate, or None
     step: Callable[..., tuple[Any, dict]]
     # (key, fresh) -> params before the source's encoder is put in; fresh: count and read what
     # only a new run needs (a resumed run overwrites them)
@@ -91,12 +92,12 @@ def train(
     warm = task.warm or warm_start.warm_mask(config, s.src)
     tx = optim.make_optimizer(lc.optim, steps, warm, task.lr_scales)
     # Frozen (warm_lr_scale 0): not differentiated at all, which skips their backward pass.
-    frozen = (
-        {"frozen": warm} if warm is not None and lc.optim.get("warm_lr_scale", 1.0) == 0 else {}
-    )
+    frozen = optim.frozen_mask(lc.optim, warm)
     # The old state is dead once the step returns: donating it lets XLA update the params and
     # both Adam moments in place instead of allocating and copying three tables a step.
-    step = jax.jit(functools.partial(task.step, cfg=task.cfg, tx=tx, **frozen), donate_argnums=0)
+    step = jax.jit(
+        functools.partial(task.step, cfg=task.cfg, tx=tx, frozen=frozen), donate_argnums=0
+    )
     if s.src:
         warm_start.check_encoder(task.cfg, s.src)
     # Before the checkpoint's model check: other labels (data.label_names) also mean another
