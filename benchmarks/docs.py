@@ -237,7 +237,8 @@ def finetune_verdict(r: dict) -> str:
 
     def met(t: dict) -> str:
         said, gaps = f"{'met' if t['met'] else 'missed'} on the mean", t["seed_gaps"]
-        short = [(s, g) for s, g in zip(t["finetuned_seeds"], gaps, strict=True) if g < 0.05 - 1e-9]
+        seeds = zip(t["finetuned_seeds"], gaps, strict=True)
+        short = [(s, g) for s, g in seeds if not finetune.clears(g)]
         if not short:
             return f"{said}, every seed"
         return f"{said}; seed " + ", ".join(f"{s}: {_points(g)}" for s, g in short)
