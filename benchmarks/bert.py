@@ -167,7 +167,7 @@ def numerics(bert_dir: str) -> dict:
     with open(os.path.join(bert_dir, "config.json"), encoding="utf-8") as f:
         hf = json.load(f)
     floats = {k: v for k, v in tensors.items() if v.dtype.kind == "f"}
-    args = (ref["ids"], ref["mask"], ref["types"])
+    args = (ref["ids"], ref["mask"] > 0, ref["types"])
     oracle = reference.bert(floats, hf, *args)
     out = {
         "model": name,

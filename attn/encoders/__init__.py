@@ -1,0 +1,128 @@
+"""Pretrained encoder families behind one registry, each computed by attn's own attention.
+
+    params, cfg = attn.encoders.load("path/or/hub-id")        # any family below
+    hidden_BxLxD = attn.encoders.encode(params, cfg, ids_BxL, mask_BxL)
+
+Every family is one record (`Family`: its config, init, encode, checkpoint rules, ...) in its own
+subpackage (a `model` module that computes it, a `checkpoint` module that reads Hugging Face's
+files), listed once in FAMILIES. Code outside a family's modules asks `family(cfg)` or
+`family(name)`, never the type of a config. `load` reads config.json's model_type, picks the
+family, and maps every stored tensor by the family's rules (`attn.encoders.hub`).
+
+Token ids are the checkpoint's own; mask is True (or 1) on real tokens.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+
+from attn.attention import attention
+from attn.encoders import bert, hub
+from attn.encoders.family import Family, first_layers
+from attn.encoders.hub import CheckpointError, Rule, param_count
+
+__all__ = [
+    "FAMILIES",
+    "CheckpointError",
+    "Family",
+    "Rule",
+    "encode",
+    "family",
+    "first_layers",
+    "init",
+    "load",
+    "model_types",
+    "param_count",
+]
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (bert.FAMILY,)}
+_BY_CONFIG = {f.config: f for f in FAMILIES.values()}
+_BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}
+# Legacy LayerNorm names of older checkpoints, read as today's.
+_LEGACY = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
+
+
+def family(cfg_or_name: Any) -> Family:
+    """The record of an encoder config, or of a family's name; ValueError for anything else."""
+    if isinstance(cfg_or_name, str):
+        if cfg_or_name not in FAMILIES:
+            raise ValueError(
+                f"no encoder family {cfg_or_name!r}; attn has {', '.join(sorted(FAMILIES))}"
+            )
+        return FAMILIES[cfg_or_name]
+    found = _BY_CONFIG.get(type(cfg_or_name))
+    if found is None:
+        raise ValueError(
+            f"{cfg_or_name!r} is no encoder config of a family attn has "
+            f"({', '.join(sorted(FAMILIES))})"
+        )
+    return found
+
+
+def model_types() -> str:
+    """The config.json model_type values `load` reads, for messages."""
+    return ", ".join(sorted(_BY_MODEL_TYPE))
+
+
+def init(key: jax.Array, cfg: Any) -> dict:
+    """Random params of `cfg`'s family and sizes."""
+    return family(cfg).init(key, cfg)
+
+
+def encode(
+    params: dict,
+    cfg: Any,
+    ids_BxL: jax.Array,
+    mask_BxL: jax.Array,
+    types_BxL: jax.Array | None = None,
+    **kw: Any,
+) -> Any:
+    """The last hidden states [B, L, D] of `cfg`'s family (keywords: the family's encode's, e.g.
+    attend=attn.Attention(implementation="chunked"), train=, rng=, return_weights=)."""
+    kw.setdefault("attend", attention)
+    return family(cfg).encode(params, cfg, ids_BxL, mask_BxL, types_BxL, **kw)
+
+
+def load(path: str | os.PathLike) -> tuple[dict, Any]:
+    """(params, cfg) from a Hugging Face model directory or hub id (config.json +
+    model.safetensors, read with safetensors' numpy reader; float32 params whatever the stored
+    float dtype) of any registered family. Every stored tensor is placed by the family's rules or
+    skipped by name (buffers, task heads); a missing, unknown, wrongly shaped or non-float tensor
+    is collected and raised together in one `CheckpointError`, as is a model_type or option the
+    family does not compute. The parameter count is checked against the stored count and logged
+    with what was skipped (logger "attn.encoders", INFO)."""
+    directory = hub.local_dir(path)
+    where = str(directory)
+    hf = hub.config_json(directory)
+    model_type = hf.get("model_type")
+    fam = _BY_MODEL_TYPE.get(model_type)
+    if fam is None:
+        raise CheckpointError(
+            f"{where}: model_type {model_type!r} is not supported; attn reads {model_types()}"
+        )
+    other = [a for a in hf.get("architectures") or () if a not in fam.architectures]
+    if other:
+        raise CheckpointError(
+            f"{where}: architecture {', '.join(other)} is not supported; attn reads "
+            f"{', '.join(fam.architectures)} for model_type {model_type!r}"
+        )
+    tensors = hub.stored(directory)
+    names: dict[str, str] = {}  # canonical name -> stored name
+    problems = []
+    for key in tensors:
+        name = next((key[len(p) :] for p in fam.prefixes if key.startswith(p)), key)
+        for old, new in _LEGACY.items():
+            if name.endswith(old):
+                name = name[: -len(old)] + new
+        if name in names:
+            problems.append(f"tensors {names[name]} and {key} are the same parameter")
+        names[name] = key
+    if problems:
+        raise CheckpointError(f"cannot load {where}: {'; '.join(problems)}")
+    cfg = fam.from_hf(hf, frozenset(names), where)
+    skipped = [n for n in names if fam.skip(n)]
+    params = hub.read(directory, tensors, names, fam.rules(cfg), skipped, fam.init, cfg)
+    return params, cfg

@@ -1,0 +1,24 @@
+"""BERT, RoBERTa and XLM-RoBERTa: one architecture (post-LayerNorm blocks, learned absolute
+positions, scaled dot-product attention), its computation in `model` and its checkpoints'
+rules in `checkpoint`."""
+
+from attn.encoders.bert import checkpoint, model
+from attn.encoders.family import Family
+
+FAMILY = Family(
+    name="bert",
+    model_types=checkpoint.MODEL_TYPES,
+    architectures=checkpoint.ARCHITECTURES,
+    config=model.Config,
+    from_hf=checkpoint.from_hf,
+    prefixes=checkpoint.PREFIXES,
+    rules=checkpoint.rules,
+    skip=checkpoint.skip,
+    init=model.init,
+    encode=model.encode,
+    input_embeddings=model.input_embeddings,
+    attention_steps=model.attention_steps,
+    pool=model.first_token,
+    score="scaled_dot",
+    steps_input=model.steps_input,
+)

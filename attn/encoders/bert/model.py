@@ -1,0 +1,351 @@
+"""The BERT encoder (BERT, RoBERTa, XLM-RoBERTa and other checkpoints of its layout) as pure
+functions; its checkpoint rules are `attn.encoders.bert_keys`.
+
+    x = LN(word[ids] + position[pos] + type[types])             embeddings
+    x = LN(x + Dropout(MHA(x)))                                  each of num_layers blocks,
+    x = LN(x + Dropout(W2 GELU(W1 x)))                           post-LayerNorm, exact (erf) GELU
+
+MHA is `attn.multihead.apply` (q, k, v and output projections with biases), so any attn score
+and implementation runs inside: `attn.attention`'s scaled_dot matrix form reproduces the
+checkpoints; ``attn.Attention(implementation="chunked")`` serves 512 tokens in memory linear in L.
+A key that is padding is masked; a sequence with no real token at all gets attention output 0
+(attn's convention) where Hugging Face gives the mean of the values.
+
+Params (plain dicts, float32):
+    {"embed": {"tokens": [V, D], "positions": [P, D], "types": [T, D], "ln": layer norm},
+     "layer_0" ... "layer_{n-1}": {"mha": multihead params ({"q", "k", "v", "o": {"w", "b"}}),
+                                   "ln_att": layer norm, "ff1": dense D->F, "ff2": dense F->D,
+                                   "ln_ff": layer norm},
+     "pooler": dense D->D, if cfg.pooler}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import numbers
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from attn import layers, multihead, scores
+from attn.attention import attention
+from attn.classifier import DTYPES
+from attn.encoders.family import checked_inputs, first_layers, lookup
+
+__all__ = [
+    "Config",
+    "attention_steps",
+    "embed",
+    "encode",
+    "first_token",
+    "init",
+    "input_embeddings",
+    "pool",
+    "positions",
+    "steps_input",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The encoder's sizes (config.json's names in comments); frozen and hashable, so it can be
+    a jit static argument. Defaults are bert-base's."""
+
+    vocab_size: int = 30522
+    d_model: int = 768  # hidden_size
+    num_layers: int = 12  # num_hidden_layers
+    num_heads: int = 12  # num_attention_heads
+    d_ff: int = 3072  # intermediate_size
+    max_positions: int = 512  # max_position_embeddings
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    dropout: float = 0.1  # hidden_dropout_prob: embeddings, attention output, feed-forward
+    attention_dropout: float = 0.1  # attention_probs_dropout_prob: on the attention weights
+    pad_id: int = 0  # pad_token_id
+    # 0: token i sits at position i (BERT). > 0: real tokens count from position_offset and
+    # padding sits at pad_id (RoBERTa: pad_id + 1, so its tables have max_len + 2 rows).
+    position_offset: int = 0
+    pooler: bool = True  # the checkpoint has BERT's pooler (tanh dense on the first token)
+    initializer_range: float = 0.02  # init's stddev
+    dtype: str = "float32"  # compute dtype: "float32" | "bfloat16"; params stay float32
+
+    def __post_init__(self):
+        def integer(name: str, lo: int) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
+                raise ValueError(f"bert.Config.{name} must be an integer >= {lo}; got {v!r}")
+            object.__setattr__(self, name, int(v))
+
+        def real(name: str, lo: float, hi: float) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not lo <= v < hi:
+                raise ValueError(f"bert.Config.{name} must be a float in [{lo}, {hi}); got {v!r}")
+            object.__setattr__(self, name, float(v))
+
+        for name in ("vocab_size", "d_model", "num_heads", "d_ff", "max_positions"):
+            integer(name, 1)
+        for name in ("num_layers", "type_vocab_size", "pad_id", "position_offset"):
+            integer(name, 0)
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"bert.Config.d_model={self.d_model} must be divisible by "
+                f"bert.Config.num_heads={self.num_heads}"
+            )
+        real("layer_norm_eps", 0.0, math.inf)
+        real("dropout", 0.0, 1.0)
+        real("attention_dropout", 0.0, 1.0)
+        real("initializer_range", 0.0, math.inf)
+        if not isinstance(self.pooler, bool):
+            raise ValueError(f"bert.Config.pooler must be a bool; got {self.pooler!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(
+                f"bert.Config.dtype must be one of {sorted(DTYPES)}; got {self.dtype!r}"
+            )
+
+    @property
+    def max_length(self) -> int:
+        """The longest input: the position table's rows from position_offset on."""
+        return self.max_positions - self.position_offset
+
+
+def init(key: jax.Array, cfg: Config, *, score: str | scores.Score = "scaled_dot") -> dict:
+    """Random float32 params (layout in the module docstring): weights ~ N(0, initializer_range²)
+    as BERT draws them, biases 0, LayerNorm 1 and 0. A parameterised score adds its per-head
+    params under each layer's "mha" (`attn.multihead.init`); checkpoints hold none."""
+    d, f, std = cfg.d_model, cfg.d_ff, cfg.initializer_range
+
+    def normal(k: jax.Array, *shape: int) -> jax.Array:
+        return std * jax.random.normal(k, shape, jnp.float32)
+
+    def dense(k: jax.Array, d_in: int, d_out: int) -> dict:
+        return {"w": normal(k, d_in, d_out), "b": jnp.zeros((d_out,), jnp.float32)}
+
+    k_tok, k_pos, k_type, k_pool, k_layers = jax.random.split(key, 5)
+    params: dict[str, Any] = {
+        "embed": {
+            "tokens": normal(k_tok, cfg.vocab_size, d),
+            "positions": normal(k_pos, cfg.max_positions, d),
+            "types": normal(k_type, cfg.type_vocab_size, d),
+            "ln": layers.layer_norm_init(d),
+        }
+    }
+    for i, k in enumerate(jax.random.split(k_layers, cfg.num_layers)):
+        k_mha, k_q, k_k, k_v, k_o, k1, k2 = jax.random.split(k, 7)
+        mha = multihead.init(k_mha, d, cfg.num_heads, score=score)
+        for name, kw in (("q", k_q), ("k", k_k), ("v", k_v), ("o", k_o)):
+            mha[name] = dense(kw, d, d)
+        params[f"layer_{i}"] = {
+            "mha": mha,
+            "ln_att": layers.layer_norm_init(d),
+            "ff1": dense(k1, d, f),
+            "ff2": dense(k2, f, d),
+            "ln_ff": layers.layer_norm_init(d),
+        }
+    if cfg.pooler:
+        params["pooler"] = dense(k_pool, d, d)
+    return params
+
+
+def positions(cfg: Config, mask_BxL: jax.Array) -> jax.Array:
+    """Position ids [B, L] (int32): 0..L-1 (BERT), or with cfg.position_offset > 0 the count of
+    real tokens so far from position_offset, padding at pad_id (RoBERTa)."""
+    batch, length = mask_BxL.shape
+    if cfg.position_offset == 0:
+        return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    count_BxL = jnp.cumsum(mask_BxL.astype(jnp.int32), axis=1)
+    return jnp.where(mask_BxL, count_BxL - 1 + cfg.position_offset, cfg.pad_id)
+
+
+def _check_inputs(
+    params: dict, cfg: Config, ids_BxL: Any, mask_BxL: Any, types_BxL: Any
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The inputs as arrays (`family.checked_inputs`), and params that fit cfg; ValueError in
+    one line for what cannot work (at trace time)."""
+    ids_BxL, mask_BxL, types_BxL = checked_inputs(cfg, ids_BxL, mask_BxL, types_BxL)
+    table = params["embed"]["tokens"].shape
+    layers_ = sum(k.startswith("layer_") for k in params)
+    if table != (cfg.vocab_size, cfg.d_model) or layers_ != cfg.num_layers:
+        raise ValueError(
+            f"params do not fit the config: embed.tokens is {table}, config says "
+            f"({cfg.vocab_size}, {cfg.d_model}) and {cfg.num_layers} layers (params have "
+            f"{layers_})"
+        )
+    return ids_BxL, mask_BxL, types_BxL
+
+
+def input_embeddings(
+    params: dict,
+    cfg: Config,
+    ids_BxL: jax.Array,
+    mask_BxL: jax.Array,
+    types_BxL: jax.Array | None = None,
+) -> jax.Array:
+    """word + position + token type [B, L, D] float32: what the embeddings' LayerNorm normalises,
+    the input gradient × input attributes to. An id outside [0, vocab_size) is refused when
+    concrete and gives NaN under jit (`family.lookup`)."""
+    ids_BxL, mask_BxL, types_BxL = _check_inputs(params, cfg, ids_BxL, mask_BxL, types_BxL)
+    e = params["embed"]
+    x_BxLxD = lookup(e["tokens"], ids_BxL) + e["positions"][positions(cfg, mask_BxL)]
+    return x_BxLxD + e["types"][types_BxL]
+
+
+def embed(
+    params: dict,
+    cfg: Config,
+    ids_BxL: jax.Array,
+    mask_BxL: jax.Array,
+    types_BxL: jax.Array | None = None,
+    *,
+    train: bool = False,
+    rng: jax.Array | None = None,
+    delta_BxLxD: jax.Array | None = None,
+) -> jax.Array:
+    """LN(`input_embeddings` + delta_BxLxD, if given) -> [B, L, D] in cfg.dtype (summed and
+    normalised in float32), then dropout in training."""
+    x_BxLxD = input_embeddings(params, cfg, ids_BxL, mask_BxL, types_BxL)
+    if delta_BxLxD is not None:
+        x_BxLxD = x_BxLxD + delta_BxLxD
+    x_BxLxD = layers.layer_norm(params["embed"]["ln"], x_BxLxD, cfg.layer_norm_eps)
+    return layers.dropout(x_BxLxD.astype(DTYPES[cfg.dtype]), cfg.dropout, train=train, rng=rng)
+
+
+def _block(
+    p: dict,
+    x_LxD: jax.Array,
+    mask_L: jax.Array,
+    rng: jax.Array | None,
+    *,
+    cfg: Config,
+    attend: multihead.Attend,
+    train: bool,
+) -> tuple[jax.Array, jax.Array | None]:
+    """One post-LayerNorm block on one sequence [L, D] -> (output [L, D], the attention weights
+    [H, L, L] before dropout, or None when the implementation does not form them)."""
+    r_w, r_att, r_ff = jax.random.split(rng, 3) if rng is not None else (None, None, None)
+    a_LxD, w_HxLxL = multihead.apply(
+        p["mha"],
+        x_LxD,
+        mask_L,
+        num_heads=cfg.num_heads,
+        attend=attend,
+        dropout_rate=cfg.attention_dropout if train else 0.0,
+        dropout_rng=r_w,
+    )
+    a_LxD = layers.dropout(a_LxD, cfg.dropout, train=train, rng=r_att)
+    x_LxD = layers.layer_norm(p["ln_att"], x_LxD + a_LxD, cfg.layer_norm_eps)
+    h_LxF = jax.nn.gelu(layers.dense(p["ff1"], x_LxD), approximate=False)
+    f_LxD = layers.dropout(layers.dense(p["ff2"], h_LxF), cfg.dropout, train=train, rng=r_ff)
+    return layers.layer_norm(p["ln_ff"], x_LxD + f_LxD, cfg.layer_norm_eps), w_HxLxL
+
+
+def encode(
+    params: dict,
+    cfg: Config,
+    ids_BxL: jax.Array,
+    mask_BxL: jax.Array,
+    types_BxL: jax.Array | None = None,
+    *,
+    attend: multihead.Attend = attention,
+    train: bool = False,
+    rng: jax.Array | None = None,
+    return_weights: bool = False,
+    embed_delta_BxLxD: jax.Array | None = None,
+) -> jax.Array | tuple[jax.Array, list]:
+    """Token ids [B, L], mask [B, L] (bool, True = real token) and token types [B, L] (default 0)
+    -> the last hidden states [B, L, D] in cfg.dtype; with return_weights, (those states, each
+    layer's attention weights [B, H, L, L] float32 before dropout, or None per layer when the
+    implementation does not form them).
+
+    attend: the attention each head runs (`attn.multihead.apply`'s): ``attn.attention`` by
+    default; e.g. ``attn.Attention(implementation="chunked")`` for memory linear in L.
+    train=True applies cfg.dropout and cfg.attention_dropout and needs rng (attention dropout
+    needs the "matrix" implementation; use ``dataclasses.replace(cfg, attention_dropout=0.0)``
+    with another one). embed_delta_BxLxD, if given, is added to the input embeddings before their
+    LayerNorm (`embed`): gradient × input differentiates with respect to it.
+    """
+    if train and rng is None and (cfg.dropout > 0.0 or cfg.attention_dropout > 0.0):
+        raise ValueError("bert.encode: train=True with dropout > 0 needs an rng key; got None")
+    r_embed, r_layers = jax.random.split(rng) if train and rng is not None else (None, None)
+    x_BxLxD = embed(
+        params,
+        cfg,
+        ids_BxL,
+        mask_BxL,
+        types_BxL,
+        train=train,
+        rng=r_embed,
+        delta_BxLxD=embed_delta_BxLxD,
+    )
+    mask_BxL = jnp.asarray(mask_BxL)
+    block = functools.partial(_block, cfg=cfg, attend=attend, train=train)
+    batch = x_BxLxD.shape[0]
+    weights = []
+    for i in range(cfg.num_layers):
+        # One key per example and layer, so examples get independent dropout masks.
+        r_B = (
+            jax.random.split(jax.random.fold_in(r_layers, i), batch)
+            if r_layers is not None
+            else None
+        )
+        x_BxLxD, w_BxHxLxL = jax.vmap(block, in_axes=(None, 0, 0, None if r_B is None else 0))(
+            params[f"layer_{i}"], x_BxLxD, mask_BxL, r_B
+        )
+        weights.append(w_BxHxLxL)
+    return (x_BxLxD, weights) if return_weights else x_BxLxD
+
+
+def attention_steps(
+    params: dict,
+    cfg: Config,
+    ids_L: jax.Array,
+    mask_L: jax.Array,
+    *,
+    layer: int = 0,
+    score: str | scores.Score = "scaled_dot",
+) -> multihead.Steps:
+    """Step-by-step values of layer `layer`'s self-attention on one sequence of ids [L] with bool
+    mask [L], as in evaluation (no dropout), with the matrix form of `score` (the checkpoints':
+    scaled_dot). The blocks are post-LayerNorm, so X is the layer's input as it is: the
+    embeddings after their LayerNorm for layer 0, else the previous block's output (which ends
+    in a LayerNorm)."""
+    if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
+        raise TypeError(f"layer must be an int; got {layer!r}")
+    if not 0 <= layer < cfg.num_layers:
+        raise ValueError(f"layer must be in [0, {cfg.num_layers}); got {layer}")
+    ids_L, mask_L = jnp.asarray(ids_L), jnp.asarray(mask_L)
+    if ids_L.ndim != 1:
+        raise ValueError(f"token ids must be one sequence [L]; got shape {ids_L.shape}")
+    below, cfg_below = first_layers(params, cfg, layer)  # layer 0: the embeddings alone
+    attend = functools.partial(attention, score=score)
+    x_LxD = encode(below, cfg_below, ids_L[None], mask_L[None], attend=attend)[0]
+    return multihead.steps(
+        params[f"layer_{layer}"]["mha"],
+        x_LxD,
+        mask_L,
+        num_heads=cfg.num_heads,
+        score=score,
+    )
+
+
+def pool(params: dict, h_BxLxD: jax.Array) -> jax.Array:
+    """BERT's pooler: tanh(dense(first token's state)) -> [B, D] (needs cfg.pooler). Mean
+    pooling over real tokens is `attn.pooling.mean_pool` (vmapped)."""
+    if "pooler" not in params:
+        raise ValueError("these params have no pooler (the checkpoint had none); mean-pool instead")
+    return jnp.tanh(layers.dense(params["pooler"], h_BxLxD[:, 0]))
+
+
+def first_token(params: dict, h_BxLxD: jax.Array) -> jax.Array:
+    """What "cls" pooling reads [B, D]: the pooler's output when the checkpoint has one, else the
+    first token's state."""
+    return pool(params, h_BxLxD) if "pooler" in params else h_BxLxD[:, 0]
+
+
+def steps_input(cfg: Config, layer: int) -> str:
+    """What X is in layer `layer`'s step-by-step figure (post-LayerNorm blocks: the input)."""
+    if layer == 0:
+        return "X: word + position + token type embeddings after LayerNorm"
+    return f"X: layer {layer - 1}'s output (after its LayerNorm)"
