@@ -1,5 +1,5 @@
-"""A sentence classifier over a BERT-family encoder (`attn.bert`): encode -> pool -> dropout ->
-linear head, for fine-tuning a pretrained checkpoint.
+"""A sentence classifier over a BERT-family encoder (`attn.bert`): encode -> pool -> the
+classifier head (`attn.head`), for fine-tuning a pretrained checkpoint.
 
     h = bert.encode(ids)                      [B, L, D]
     v = pooler(h) | h[:, 0] | mean(h, real)   [B, D]   pooling "cls" (the pooler when the
@@ -27,7 +27,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from attn import bag, bert, classifier, layers, multihead, pooling
+from attn import bag, bert, classifier, head, multihead, pooling
 from attn.attention import IMPLEMENTATIONS, attention
 
 __all__ = [
@@ -130,13 +130,16 @@ def init(key: jax.Array, cfg: Config) -> dict:
     checkpoint's encoder in."""
     k_enc, k_head = jax.random.split(key)
     e = cfg.encoder
-    w = e.initializer_range * jax.random.normal(k_head, (e.d_model, cfg.num_classes), jnp.float32)
-    params = {
-        "encoder": bert.init(k_enc, e),
-        "head": {"w": w, "b": jnp.zeros((cfg.num_classes,), jnp.float32)},
-    }
-    if cfg.bag_buckets:
-        params["bag"] = jnp.zeros((cfg.bag_buckets, cfg.num_classes), jnp.float32)
+    params = {"encoder": bert.init(k_enc, e)}
+    params.update(
+        head.init(
+            k_head,
+            e.d_model,
+            cfg.num_classes,
+            bag_buckets=cfg.bag_buckets,
+            std=e.initializer_range,
+        )
+    )
     return params
 
 
@@ -203,24 +206,16 @@ def apply(
         v_BxD = bert.pool(params["encoder"], h_BxLxD)
     else:
         v_BxD = h_BxLxD[:, 0]
-    v_BxD = layers.dropout(v_BxD.astype(jnp.float32), cfg.dropout, train=train, rng=r_pool)
-    h = params["head"]
-    logits_BxC = v_BxD @ h["w"] + h["b"]
-    if cfg.bag_buckets:
-        read_BxG = tokens_BxL if bag_tokens_BxG is None else jnp.asarray(bag_tokens_BxG)
-        logits_BxC = bag.beside(
-            logits_BxC,
-            params["bag"],
-            bag_ids(read_BxG, cfg),
-            read_BxG != PAD,
-            dropout=cfg.bag_dropout,
-            train=train,
-            rng=rng,
-        )
-    no_weights = any(w is None for w in weights)
-    aux = {
-        "attention": None if no_weights else tuple(weights),
-        "pool_weights": None,
-        "penalty": jnp.zeros((), jnp.float32),
-    }
-    return logits_BxC, aux
+    read_BxG = tokens_BxL if bag_tokens_BxG is None else jnp.asarray(bag_tokens_BxG)
+    logits_BxC = head.logits(
+        params,
+        v_BxD,
+        dropout=cfg.dropout,
+        train=train,
+        rng_pool=r_pool,
+        bag_ids_OxBxG=bag_ids(read_BxG, cfg) if cfg.bag_buckets else None,
+        bag_mask_BxG=read_BxG != PAD,
+        bag_dropout=cfg.bag_dropout,
+        rng_bag=rng,
+    )
+    return logits_BxC, head.aux(weights)

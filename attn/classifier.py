@@ -15,7 +15,7 @@ import numbers
 import jax
 import jax.numpy as jnp
 
-from attn import bag, encoder, layers, multihead, pooling, positions, scores
+from attn import bag, encoder, head, layers, multihead, pooling, positions, scores
 from attn.attention import IMPLEMENTATIONS, attention
 
 __all__ = [
@@ -170,9 +170,7 @@ def init(key: jax.Array, cfg: ModelConfig) -> dict:
         params["pool"] = pooling.structured_init(
             k_pool, cfg.d_model, cfg.pool_hidden, cfg.pool_hops
         )
-    params["head"] = layers.dense_init(k_head, cfg.pooled_dim, cfg.num_classes)
-    if cfg.bag_buckets:
-        params["bag"] = jnp.zeros((cfg.bag_buckets, cfg.num_classes), jnp.float32)  # as ngrams
+    params.update(head.init(k_head, cfg.pooled_dim, cfg.num_classes, bag_buckets=cfg.bag_buckets))
     return params
 
 
@@ -322,29 +320,21 @@ def apply(
     else:
         pooled_BxX = jax.vmap(_SIMPLE_POOLS[cfg.pooling])(h_BxLxD, mask_BxL)  # X = D, or R*D
         a_BxRxL, pen_B = None, jnp.zeros((batch,), jnp.float32)
-    pooled_BxX = layers.dropout(pooled_BxX, cfg.dropout, train=train, rng=r_pool)
-    logits_BxC = layers.dense(params["head"], pooled_BxX.astype(jnp.float32))
-    if cfg.bag_buckets:
-        read_BxG = tokens_BxL if bag_tokens_BxG is None else bag_tokens_BxG
-        logits_BxC = bag.beside(
-            logits_BxC,
-            params["bag"],
-            bag_ids(read_BxG, cfg),
-            read_BxG != PAD,
-            dropout=cfg.bag_dropout,
-            train=train,
-            rng=rng,
-        )
-
+    read_BxG = tokens_BxL if bag_tokens_BxG is None else bag_tokens_BxG
+    logits_BxC = head.logits(
+        params,
+        pooled_BxX,
+        dropout=cfg.dropout,
+        train=train,
+        rng_pool=r_pool,
+        bag_ids_OxBxG=bag_ids(read_BxG, cfg) if cfg.bag_buckets else None,
+        bag_mask_BxG=read_BxG != PAD,
+        bag_dropout=cfg.bag_dropout,
+        rng_bag=rng,
+    )
     nonempty_B = mask_BxL.any(-1).astype(jnp.float32)
     penalty = (pen_B * nonempty_B).sum() / jnp.maximum(nonempty_B.sum(), 1.0)
-    no_weights = any(w is None for w in weights)
-    aux = {
-        "attention": None if no_weights else tuple(weights),
-        "pool_weights": a_BxRxL,
-        "penalty": penalty,
-    }
-    return logits_BxC, aux
+    return logits_BxC, head.aux(weights, a_BxRxL, penalty)
 
 
 def attention_steps(
