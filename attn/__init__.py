@@ -5,11 +5,12 @@ come from vmap. `attn.dot_product_attention` is that vmap done for you, a drop-i
 `jax.nn.dot_product_attention` ([B, T, N, H], its arguments and broadcasting) with attn's scores,
 masks and implementations. `attn.Attention(score=..., implementation=...)` binds the static
 arguments in a form `jax.jit` and Flax can hold. Submodules: scores, masks, chunked, batched,
-reference, bag, multihead, encoder, positions, pooling, layers, classifier, masked_lm (masked-token
-pretraining), importance (token importance and erasure), bert (BERT-family encoders and their
-Hugging Face checkpoints; reading one needs safetensors), bert_classifier (a classifier over
-one, to fine-tune), and flax_interop (import it explicitly;
-it pulls in Flax).
+reference, bag, multihead, encoder, positions, pooling, layers, head (the classifier head both
+classifiers share), classifier, masked_lm (masked-token pretraining), importance (token importance
+and erasure), encoders (pretrained encoder families behind one registry, and their Hugging Face
+checkpoints; reading one needs safetensors), bert (the BERT family under its earlier name),
+encoder_classifier (a classifier over a pretrained encoder, to fine-tune), models (which of the two
+classifiers a config is), and flax_interop (import it explicitly; it pulls in Flax).
 
 Names carry their shapes: ``q_LxK`` is [L, K], with einsum subscripts to match. One meaning per
 letter, here and in experiments/, benchmarks/ and tests/:
@@ -51,15 +52,17 @@ from attn import (
     bag,
     batched,
     bert,
-    bert_classifier,
     chunked,
     classifier,
     encoder,
+    encoder_classifier,
+    encoders,
     head,
     importance,
     layers,
     masked_lm,
     masks,
+    models,
     multihead,
     pooling,
     positions,
@@ -77,16 +80,18 @@ __all__ = [
     "bag",
     "batched",
     "bert",
-    "bert_classifier",
     "chunked",
     "classifier",
     "dot_product_attention",
     "encoder",
+    "encoder_classifier",
+    "encoders",
     "head",
     "importance",
     "layers",
     "masked_lm",
     "masks",
+    "models",
     "multihead",
     "pooling",
     "positions",

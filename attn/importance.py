@@ -27,9 +27,10 @@ what the prediction rests on. `logit_halves` splits a model's logits into the en
 bag's: attention and gradient × input can only explain the first.
 
 Every function here is pure and jit-able, with `cfg` static: an `attn.classifier.ModelConfig`, or
-a fine-tuned encoder's `attn.bert_classifier.Config` (whose input embedding is word + position +
-token type, before the embeddings' LayerNorm). Attention weights are computed with the matrix form
-whatever cfg.implementation says (the same function of the same parameters).
+a fine-tuned encoder's `attn.encoder_classifier.Config` (whose input embedding is what its family
+normalises first, e.g. word + position + token type for BERT). Attention weights are computed
+with the matrix form whatever cfg.implementation says (the same function of the same
+parameters).
 """
 
 import dataclasses
@@ -38,10 +39,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from attn import bert_classifier
+from attn import models
 from attn.classifier import PAD
 
-ModelConfig = bert_classifier.AnyConfig
+ModelConfig = models.AnyConfig
 
 __all__ = [
     "Bag",
@@ -74,14 +75,14 @@ class Bag(NamedTuple):
 
 def has_attention(cfg: ModelConfig) -> bool:
     """Whether the model has attention weights to read: an encoder layer or structured pooling."""
-    return bert_classifier.attention_layout(cfg)[0] > 0 or cfg.pooling == "structured"
+    return models.layout(cfg).num_layers > 0 or cfg.pooling == "structured"
 
 
 def probabilities(
     params: dict, tokens_BxL: jax.Array, cfg: ModelConfig, bag: Bag | None = None
 ) -> jax.Array:
     """Class probabilities [B, C] float32 in evaluation mode."""
-    logits_BxC, _ = bert_classifier.family(cfg).apply(
+    logits_BxC, _ = models.module(cfg).apply(
         params, tokens_BxL, cfg, bag_tokens_BxG=_bag_tokens(bag)
     )
     return jax.nn.softmax(logits_BxC.astype(jnp.float32))
@@ -104,11 +105,11 @@ def logit_halves(
     ValueError for a model without a bag."""
     if not cfg.bag_buckets:
         raise ValueError("importance.logit_halves: the model has no bag (bag_buckets=0)")
-    logits_BxC, _ = bert_classifier.family(cfg).apply(
+    logits_BxC, _ = models.module(cfg).apply(
         params, tokens_BxL, cfg, bag_tokens_BxG=_bag_tokens(bag)
     )
     alone = dataclasses.replace(cfg, bag_buckets=0)
-    encoder_BxC, _ = bert_classifier.family(alone).apply(
+    encoder_BxC, _ = models.module(alone).apply(
         {k: v for k, v in params.items() if k != "bag"}, tokens_BxL, alone
     )
     return encoder_BxC, logits_BxC - encoder_BxC
@@ -120,7 +121,7 @@ def attention(params: dict, tokens_BxL: jax.Array, cfg: ModelConfig) -> jax.Arra
     if not has_attention(cfg):
         raise ValueError("importance.attention: the model has no attention (num_layers=0)")
     real_BxL = tokens_BxL != PAD
-    _, aux = bert_classifier.family(cfg).apply(params, tokens_BxL, _matrix(cfg))
+    _, aux = models.module(cfg).apply(params, tokens_BxL, _matrix(cfg))
     if aux["pool_weights"] is not None:  # structured pooling: what the head reads
         received_BxL = aux["pool_weights"].mean(1)
     else:
@@ -134,10 +135,10 @@ def rollout(params: dict, tokens_BxL: jax.Array, cfg: ModelConfig) -> jax.Array:
     layer, R = Ã_n ⋯ Ã_1, read out with the pooling's weights over final positions (the CLS row
     for cls pooling, structured pooling's hop-averaged weights, else the mean over real rows).
     ValueError for a model without encoder layers: rollout needs at least one."""
-    if bert_classifier.attention_layout(cfg)[0] == 0:
+    if models.layout(cfg).num_layers == 0:
         raise ValueError("importance.rollout: the model has no encoder layer (num_layers=0)")
     real_BxL = tokens_BxL != PAD
-    _, aux = bert_classifier.family(cfg).apply(params, tokens_BxL, _matrix(cfg))
+    _, aux = models.module(cfg).apply(params, tokens_BxL, _matrix(cfg))
     eye_LxL = jnp.eye(tokens_BxL.shape[1], dtype=jnp.float32)
     r_BxLxL = jnp.broadcast_to(eye_LxL, (tokens_BxL.shape[0], *eye_LxL.shape))
     for w_BxHxLxL in aux["attention"]:
@@ -161,10 +162,10 @@ def gradient(
     family). The bag's logits do not depend on the embeddings, so this sees only the attention
     half of a model with a bag."""
     params = _arrays(params)  # numpy leaves cannot be indexed by traced ids under grad
-    x_BxLxD = bert_classifier.family(cfg).embed(params, tokens_BxL, cfg)
+    x_BxLxD = models.module(cfg).embed(params, tokens_BxL, cfg)
 
     def log_p(delta_BxLxD: jax.Array) -> jax.Array:
-        logits_BxC, _ = bert_classifier.family(cfg).apply(
+        logits_BxC, _ = models.module(cfg).apply(
             params,
             tokens_BxL,
             cfg,

@@ -11,12 +11,12 @@ import jax
 import ml_collections
 import numpy as np
 
-from attn import bert, bert_classifier, classifier
+from attn import models
 from experiments import workdirs
 from experiments.data import encoding, scripts, tokenizers
 from experiments.data.tokenizers import CLS
 from experiments.errors import UserError
-from experiments.training import checkpoints, finetune
+from experiments.training import checkpoints
 
 # Shapes only: init runs under jax.eval_shape. Not a key made at import, which would start JAX's
 # backend before a process of several can join the others.
@@ -26,7 +26,7 @@ KEY = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)
 @dataclasses.dataclass(frozen=True)
 class Trained:
     config: ml_collections.ConfigDict
-    cfg: finetune.ModelConfig  # which: meta["family"]
+    cfg: models.AnyConfig  # which: meta["family"]
     params: Any  # the weight average when the run kept one
     tokenizer: tokenizers.Tokenizer
     label_names: tuple[str, ...]
@@ -58,16 +58,15 @@ def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
             )
         cfg = model_config(meta, f"checkpoint {step} in {workdir!r}")
         tok = tokenizers.load_tokenizer(workdir)
-        fine_tuned = isinstance(cfg, bert_classifier.Config)
-        rows = cfg.encoder.vocab_size if fine_tuned else cfg.vocab_size
-        if tok.vocab_size > rows or (tok.vocab_size != rows and not fine_tuned):
+        rows = models.vocab_rows(cfg)
+        if tok.vocab_size > rows or (tok.vocab_size != rows and models.exact_vocabulary(cfg)):
             raise UserError(
                 f"vocabulary in {workdir!r} has {tok.vocab_size} ids but the checkpoint expects "
                 f"{rows}; the workdir is inconsistent"
             )
         # Only the weights to serve: the weight average when the run kept one.
         served = "ema" if meta.get("ema", False) else "params"
-        init = bert_classifier.init if fine_tuned else classifier.init
+        init = models.module(cfg).init
         target = {served: jax.eval_shape(lambda key: init(key, cfg), KEY)}
         state, _ = checkpoints.restore(mngr, step, target, partial=True)
     source = _describe(workdir, which, step, meta)
@@ -186,16 +185,10 @@ def _part_read(keep: int, tail_len: int) -> str:
     return f"the first {head} and last {tail_len}" if head else f"the last {tail_len}"
 
 
-def model_config(meta: dict, where: str) -> finetune.ModelConfig:
+def model_config(meta: dict, where: str) -> models.AnyConfig:
     """The model config a checkpoint's meta records (of its family); UserError (naming `where`)
     if unusable."""
     try:
-        model = meta["model"]
-        if meta.get("family") == checkpoints.BERT:
-            encoder = bert.Config(**model["encoder"])
-            return bert_classifier.Config(**{**model, "encoder": encoder})
-        return classifier.ModelConfig(
-            **{**model, "ngram_orders": tuple(model.get("ngram_orders", ()))}
-        )
+        return models.config(checkpoints.family_of(meta), meta["model"])
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"{where} has an unusable model config: {e}") from None

@@ -27,11 +27,10 @@ import sys
 import numpy as np
 from absl import flags
 
-from attn import bert_classifier, classifier
+from attn import classifier, models
 from experiments import cli, serving
 from experiments.errors import UserError
 from experiments.explain import maps, page, plots, ranking, step_plots
-from experiments.training import finetune
 
 # Everything visualize writes into OUT: an existing OUT holding anything else is not replaced.
 _OUTPUTS = re.compile(r"attention\.html|text\d+_(steps_)?layer\d+_head\d+\.png")
@@ -112,10 +111,10 @@ def visualize(
     return [os.path.join(out, name) for name in names] + [curves]
 
 
-def _check_choice(cfg: finetune.ModelConfig, **choice: int) -> None:
+def _check_choice(cfg: models.AnyConfig, **choice: int) -> None:
     """Each flag's allowed range for this model, and why. Windows longer than the model's
     max_len are fine: texts are already cut to it."""
-    num_layers, num_heads, _ = bert_classifier.attention_layout(cfg)
+    num_layers, num_heads, _ = models.layout(cfg)
     bounds = {
         "layer": (0, num_layers - 1, f"the model has {num_layers} layer(s), from 0"),
         "head": (0, num_heads - 1, f"the model has {num_heads} head(s), from 0"),
@@ -148,16 +147,6 @@ def _window(ids_L: np.ndarray, window: int, pad_to: int) -> np.ndarray:
     return np.concatenate([ids_L, padding])
 
 
-def _x_title(cfg: finetune.ModelConfig, layer: int) -> str:
-    if layer > 0:
-        return f"X: layer {layer - 1}'s output after LayerNorm"
-    if isinstance(cfg, bert_classifier.Config):
-        return "X: word + position + token type embeddings after LayerNorm"
-    parts = ["token"] + (["n-gram"] if cfg.ngram_buckets else [])
-    parts += [] if cfg.positions == "none" else ["position"]
-    return f"X: {' + '.join(parts)} embeddings after LayerNorm"
-
-
 def _draw(
     trained: serving.Trained,
     texts: list[str],
@@ -175,10 +164,10 @@ def _draw(
 ) -> list[str]:
     """Writes every file into `out`; returns their names in the order written."""
     cfg = trained.cfg
-    _, num_heads, score = bert_classifier.attention_layout(cfg)
+    _, num_heads, score = models.layout(cfg)
     names, rows = [], []
     first = None
-    x_title = _x_title(cfg, layer)
+    x_title = models.steps_input(cfg, layer)
     for n, (ids_L, bag_G, view_L, note) in enumerate(
         zip(encoded, bags, drawn, notes, strict=True), 1
     ):

@@ -26,7 +26,7 @@ from conftest import (
     train_interrupted,
 )
 
-from attn import bert, bert_classifier
+from attn import bert, encoder_classifier
 from configs import finetune as finetune_config
 from experiments import cli, evaluate, parallel, predict, serving, train
 from experiments.data import checkpoint_tokenizer, chosen, encoding, tokenizers
@@ -103,7 +103,7 @@ def test_the_train_command_fine_tunes_and_writes_a_servable_workdir(finetuned):
     trained_enc = state["params"]["encoder"]
     assert not np.array_equal(trained_enc["layer_1"]["ff1"]["w"], loaded["layer_1"]["ff1"]["w"])
     meta = checkpoints.read_meta(checkpoints.reader(finetuned, "checkpoints"), 6)
-    assert meta["family"] == checkpoints.BERT and meta["model"]["encoder"]["d_model"] == 32
+    assert meta["family"] == "bert" and meta["model"]["encoder"]["d_model"] == 32
 
 
 def test_evaluate_and_predict_serve_the_fine_tuned_workdir(finetuned, tmp_path, capsys):
@@ -403,14 +403,22 @@ def test_the_checkpoints_tokenizer_round_trips_through_the_workdir(tmp_path, sou
     assert split.bag_ids[0].tolist() == [6, *ids[:8], *ids[-4:], 7]
 
 
-def test_a_tokenizer_that_does_not_pad_with_0_is_refused(tmp_path):
+def test_a_tokenizer_that_pads_with_another_id_gives_attn_ids_that_pad_with_0(tmp_path):
+    """[PAD] at id 1 (as RoBERTa's <pad>): attn's ids exchange 1 and 0, so batches still pad
+    with 0, the id at 0 reads as 1, and tokens and decoding undo the exchange."""
     d = tmp_path / "pad1"
     d.mkdir()
     vocab = (TINY_BERT / "vocab.txt").read_text(encoding="utf-8").split("\n")
-    vocab[0], vocab[1] = vocab[1], vocab[0]  # [PAD] at id 1
+    vocab[0], vocab[1] = vocab[1], vocab[0]  # [PAD] at id 1, [unused0] at 0
     (d / "vocab.txt").write_text("\n".join(vocab), encoding="utf-8")
-    with pytest.raises(UserError, match="pads with id 1; attn's batches pad with 0"):
-        checkpoint_tokenizer.CheckpointTokenizer(d)
+    tok = checkpoint_tokenizer.CheckpointTokenizer(d)
+    plain = checkpoint_tokenizer.CheckpointTokenizer(TINY_BERT)
+    assert tok.pad_id == 1 and 0 in tok.special_ids and (tok.cls_id, tok.sep_id) == (6, 7)
+    text = "the film was great"
+    np.testing.assert_array_equal(tok.encode(text), plain.encode(text))  # no 0 or 1 among them
+    assert tok.tokens([0, 1, 6]) == ["[PAD]", "[unused0]", "[CLS]"]
+    own = encoder_classifier.to_checkpoint(np.array([0, 1, 6]), tok.pad_id)
+    assert np.asarray(own).tolist() == [1, 0, 6]
 
 
 def test_the_length_is_chosen_in_the_checkpoints_tokens(csv):
@@ -487,11 +495,11 @@ def test_a_fine_tune_with_the_bag_starts_from_naive_bayes_and_is_served_as_train
     assert_trees_equal(start["encoder"], loaded)
     trained = serving.load(workdir)
     cfg = trained.cfg
-    assert isinstance(cfg, bert_classifier.Config) and cfg.bag_buckets == 4096
+    assert isinstance(cfg, encoder_classifier.Config) and cfg.bag_buckets == 4096
     tok = trained.tokenizer
     for words, label in ((POS, 1), (NEG, 0)):
         ids = np.array([[int(tok.encode(w)[0]) for w in words]], np.int32)
-        rows = start["bag"][np.asarray(bert_classifier.bag_ids(ids, cfg))[0, 0]]  # unigrams
+        rows = start["bag"][np.asarray(encoder_classifier.bag_ids(ids, cfg))[0, 0]]  # unigrams
         assert (rows[:, label] > 0.1).all() and (rows[:, 1 - label] < -0.1).all(), words
     state = saved_state(workdir, 6)
     assert set(state["params"]) == {"encoder", "head", "bag"}

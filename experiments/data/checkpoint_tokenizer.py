@@ -3,7 +3,9 @@
 (lowercased unless its tokenizer_config.json says do_lower_case false).
 
 `encode` gives a text's ids without special tokens; `frame` is what `encoding.cut` puts around
-them, [CLS] ... [SEP] with the checkpoint's ids, so a cut text keeps both. The shipped
+them, [CLS] ... [SEP], so a cut text keeps both. Ids are attn's: the checkpoint's own with its
+padding id and 0 exchanged (`attn.encoder_classifier.to_checkpoint` undoes it inside the model),
+so 0 pads whatever the checkpoint pads with (RoBERTa's <pad> is 1, its <s> 0). The shipped
 tokenizer.json of many checkpoints pads and truncates to a fixed length by itself; both are
 switched off here (truncation is `encoding.cut`'s head + tail, padding the batches').
 
@@ -24,14 +26,15 @@ from experiments.errors import UserError
 KIND = "pretrained"
 SUBDIR = "checkpoint_tokenizer"  # in a workdir: the copied files
 _FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
-# (cls, sep, pad, unk) token names of the families attn.bert loads, when the files name none.
+# (cls, sep, pad, unk) token names of the families attn.encoders loads, when the files name none.
 _NAMES = (("[CLS]", "[SEP]", "[PAD]", "[UNK]"), ("<s>", "</s>", "<pad>", "<unk>"))
 BATCH_PAD = 0  # the id attn's batches pad with
 
 
 class CheckpointTokenizer:
     """A checkpoint's tokenizer; `kind`, `lowercase`, `vocab_size`, `encode`, `tokens` and `save`
-    as `tokenizers.Tokenizer` has them, plus `frame`, `decode` and the special ids."""
+    as `tokenizers.Tokenizer` has them, plus `frame`, `decode` and the special ids (attn's ids;
+    `pad_id` is the checkpoint's own)."""
 
     kind = KIND
 
@@ -50,18 +53,16 @@ class CheckpointTokenizer:
                     f"({' or '.join(candidates)})"
                 )
             ids[role] = found[0]
-        self.cls_id, self.sep_id, self.pad_id, self.unk_id = (
-            ids["cls"],
-            ids["sep"],
-            ids["pad"],
-            ids["unk"],
+        self.pad_id = ids["pad"]
+        self.cls_id, self.sep_id, self.unk_id = (
+            int(self._exchange(np.array([ids[r]]))[0]) for r in ("cls", "sep", "unk")
         )
-        if self.pad_id != BATCH_PAD:
-            raise UserError(
-                f"the tokenizer in {str(self.directory)!r} pads with id {self.pad_id}; attn's "
-                f"batches pad with {BATCH_PAD}, so only checkpoints whose padding id is "
-                f"{BATCH_PAD} (BERT's [PAD]) can be fine-tuned"
-            )
+
+    def _exchange(self, ids: np.ndarray) -> np.ndarray:
+        """The checkpoint's ids <-> attn's: its padding id and 0 exchanged (an involution)."""
+        if self.pad_id == BATCH_PAD:
+            return ids
+        return np.where(ids == BATCH_PAD, self.pad_id, np.where(ids == self.pad_id, BATCH_PAD, ids))
 
     @property
     def vocab_size(self) -> int:
@@ -74,19 +75,22 @@ class CheckpointTokenizer:
 
     @property
     def special_ids(self) -> frozenset[int]:
-        return frozenset((self.cls_id, self.sep_id, self.pad_id, self.unk_id))
+        return frozenset((self.cls_id, self.sep_id, BATCH_PAD, self.unk_id))
 
     def encode(self, text: str) -> np.ndarray:
         text = text.lower() if self.lowercase else text
-        return np.array(self._hf.encode(text, add_special_tokens=False).ids, np.int32)
+        ids = np.array(self._hf.encode(text, add_special_tokens=False).ids, np.int32)
+        return self._exchange(ids)
 
     def tokens(self, ids: Iterable[int]) -> list[str]:
-        unk = self._hf.id_to_token(self.unk_id)
-        return [self._hf.id_to_token(int(i)) or unk for i in ids]
+        own = self._exchange(np.array(list(ids), np.int64))
+        unk = self._hf.id_to_token(int(self._exchange(np.array([self.unk_id]))[0]))  # its own
+        return [self._hf.id_to_token(int(i)) or unk for i in own]
 
     def decode(self, ids: Iterable[int]) -> str:
         """The text of `ids`, special tokens left out (the library's own decoding)."""
-        return self._hf.decode([int(i) for i in ids], skip_special_tokens=True)
+        own = self._exchange(np.array(list(ids), np.int64))
+        return self._hf.decode([int(i) for i in own], skip_special_tokens=True)
 
     def save(self, directory: str | Path) -> None:
         """Copies the files it was read from into DIRECTORY/checkpoint_tokenizer/ and writes
@@ -102,7 +106,7 @@ class CheckpointTokenizer:
             "lowercase": self.lowercase,
             "vocab_size": self.vocab_size,
             "directory": SUBDIR,
-            "special_ids": {
+            "special_ids": {  # attn's ids; the checkpoint's own padding id
                 "cls": self.cls_id,
                 "sep": self.sep_id,
                 "pad": self.pad_id,

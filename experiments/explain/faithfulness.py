@@ -33,7 +33,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from attn import bert_classifier, importance  # noqa: E402
+from attn import importance, models  # noqa: E402
 from experiments import serving, workdirs  # noqa: E402
 from experiments.data import batching, encoding  # noqa: E402
 from experiments.data.tokenizers import PAD  # noqa: E402
@@ -54,7 +54,7 @@ def available(cfg) -> dict[str, str]:
     missing = {}
     if not importance.has_attention(cfg):
         missing["attention"] = "the model has no attention layer (num_layers=0)"
-    if bert_classifier.attention_layout(cfg)[0] == 0:
+    if models.layout(cfg).num_layers == 0:
         missing["rollout"] = "rollout needs an encoder layer (num_layers=0)"
     return missing
 

@@ -9,8 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attn import multihead
-from experiments.training import finetune
+from attn import models, multihead
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -19,15 +18,15 @@ def _forward(
     tokens_BxL: jax.Array,
     bag_tokens_BxG: jax.Array | None,
     *,
-    cfg: finetune.ModelConfig,
+    cfg: models.AnyConfig,
 ):
-    model = finetune.family(cfg)  # attn.classifier, or a fine-tuned attn.bert_classifier
+    model = models.module(cfg)  # attn.classifier, or a fine-tuned attn.encoder_classifier
     logits_BxC, aux = model.apply(params, tokens_BxL, cfg, bag_tokens_BxG=bag_tokens_BxG)
     return jax.nn.softmax(logits_BxC), aux
 
 
 def analyse(
-    params: Any, cfg: finetune.ModelConfig, ids_L: np.ndarray, bag_ids_G: np.ndarray | None
+    params: Any, cfg: models.AnyConfig, ids_L: np.ndarray, bag_ids_G: np.ndarray | None
 ) -> dict:
     """Probabilities [C], per-layer attention [H, L, L] and the attention each token receives [L]
     of one text's ids [L] (and what its bag reads [M], if the model's bag reads more of it).
@@ -50,10 +49,10 @@ def analyse(
 
 
 def attention_steps(
-    params: Any, cfg: finetune.ModelConfig, ids_L: np.ndarray, layer: int
+    params: Any, cfg: models.AnyConfig, ids_L: np.ndarray, layer: int
 ) -> multihead.Steps:
     """The model's `attention_steps` of one sequence of ids [L] (PAD ids are masked keys), as
     float32 numpy arrays."""
-    model = finetune.family(cfg)
+    model = models.module(cfg)
     st = model.attention_steps(params, jnp.asarray(ids_L, jnp.int32), cfg, layer=layer)
     return multihead.Steps(*(np.asarray(a, np.float32) for a in st))

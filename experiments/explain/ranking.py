@@ -9,11 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attn import importance
+from attn import importance, models
 from experiments import serving
 from experiments.data import batching, encoding
 from experiments.data.tokenizers import PAD
-from experiments.training import finetune
 
 REMOVED = 3  # how many top tokens the erasure test removes
 # Leave-one-out erasures per forward pass: a 512-token text's [H, L, L] weights stay at 256 MiB.
@@ -45,7 +44,7 @@ def bag_source(trained: serving.Trained, text: str) -> np.ndarray | None:
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
-def _scores(params, tokens_1xL, bag, *, cfg: finetune.ModelConfig):
+def _scores(params, tokens_1xL, bag, *, cfg: models.AnyConfig):
     c_1, p_1 = importance.predicted(params, tokens_1xL, cfg, bag)
     attention = (
         importance.attention(params, tokens_1xL, cfg) if importance.has_attention(cfg) else None
@@ -55,7 +54,7 @@ def _scores(params, tokens_1xL, bag, *, cfg: finetune.ModelConfig):
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
-def _probability_without(params, tokens_1xL, top_BxL, bag, c_1, *, cfg: finetune.ModelConfig):
+def _probability_without(params, tokens_1xL, top_BxL, bag, c_1, *, cfg: models.AnyConfig):
     """[B]: the probability of class c_1 with each row's top tokens erased."""
     n = top_BxL.shape[0]
     tokens_BxL = jnp.repeat(tokens_1xL, n, axis=0)

@@ -1,8 +1,9 @@
 """The bag's starting table from the training split: naive Bayes log-count ratios.
 
 Counted on the ids the bag reads (the cut texts, or the longer cut of `data.bag_len`; hashed as
-the model's `bag_ids` hashes them: `attn.classifier`'s or, fine-tuning, `attn.bert_classifier`'s),
-one evaluation-size batch at a time, so no [N, V] matrix is ever built.
+the model's `bag_ids` hashes them: `attn.classifier`'s or, fine-tuning,
+`attn.encoder_classifier`'s), one evaluation-size batch at a time, so no [N, V] matrix is ever
+built.
 """
 
 import functools
@@ -11,13 +12,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from attn import bag
+from attn import bag, models
 from experiments.data import batching, encoding
 from experiments.data.tokenizers import PAD
-from experiments.training import finetune
 
 
-def naive_bayes(cfg: finetune.ModelConfig, train: encoding.Split, data: Any) -> jax.Array:
+def naive_bayes(cfg: models.AnyConfig, train: encoding.Split, data: Any) -> jax.Array:
     """The table [bag_buckets, num_classes] float32 of `attn.bag.naive_bayes_table` for `train`."""
     counts_VxC = jnp.zeros((cfg.bag_buckets, cfg.num_classes), jnp.float32)
     for _, b in batching.eval_batches(
@@ -35,9 +35,9 @@ def naive_bayes(cfg: finetune.ModelConfig, train: encoding.Split, data: Any) -> 
 
 
 @functools.partial(jax.jit, static_argnames="cfg", donate_argnums=0)
-def _add_counts(counts_VxC, tokens_BxL, labels_B, weight_B, *, cfg: finetune.ModelConfig):
+def _add_counts(counts_VxC, tokens_BxL, labels_B, weight_B, *, cfg: models.AnyConfig):
     return counts_VxC + bag.document_counts(
-        finetune.family(cfg).bag_ids(tokens_BxL, cfg),
+        models.module(cfg).bag_ids(tokens_BxL, cfg),
         tokens_BxL != PAD,
         labels_B,
         weight_B,

@@ -23,19 +23,17 @@ import jax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from attn import bert_classifier, classifier
+from attn import models
 from experiments import parallel
 from experiments.errors import UserError
 from experiments.training import metrics
 
 LAST, BEST = "checkpoints", "best"
 CLASSIFIER, MASKED_LM = "classifier", "masked_lm"  # what a run trains: meta["objective"]
-# Which model: meta["family"], absent before the second existed.
-ATTN, BERT = "attn", "bert"  # attn.classifier.ModelConfig; attn.bert_classifier.Config
 
 
 def new_meta(
-    cfg: classifier.ModelConfig | bert_classifier.Config,
+    cfg: models.AnyConfig,
     label_names: Sequence[str],
     *,
     ema: bool,
@@ -46,7 +44,7 @@ def new_meta(
     "best_val_loss" (None before any) and its early-stopping count up to date."""
     return {
         "objective": objective,
-        "family": BERT if isinstance(cfg, bert_classifier.Config) else ATTN,
+        "family": models.family(cfg),
         "model": dataclasses.asdict(cfg),
         "ema": ema,
         "label_names": list(label_names),
@@ -55,6 +53,11 @@ def new_meta(
         "best_val_loss": None,
         "stale_evaluations": 0,
     }
+
+
+def family_of(meta: dict) -> str:
+    """The model family a checkpoint's meta records: "attn" when it predates the field."""
+    return meta.get("family", models.OWN)
 
 
 def writer(workdir: str, which: str, keep: int) -> ocp.CheckpointManager:
@@ -161,15 +164,10 @@ def resume(mngr: ocp.CheckpointManager, state: Any, meta: dict, workdir: str) ->
 def _run_fields(meta: dict) -> dict:
     """What must match to continue a run, as JSON has it (tuples are lists). A field the
     checkpoint predates takes its default, so adding a model field keeps old runs resumable."""
-    family = meta.get("family", ATTN)
-    config_type = bert_classifier.Config if family == BERT else classifier.ModelConfig
-    defaults = {
-        f.name: f.default
-        for f in dataclasses.fields(config_type)
-        if f.default is not dataclasses.MISSING
-    }
+    family = family_of(meta)
     model = {
-        k: list(v) if isinstance(v, tuple) else v for k, v in {**defaults, **meta["model"]}.items()
+        k: list(v) if isinstance(v, tuple) else v
+        for k, v in {**models.defaults(family), **meta["model"]}.items()
     }
     return {
         **model,

@@ -16,7 +16,7 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from attn import classifier
+from attn import classifier, models
 from experiments import fields, parallel, workdirs
 from experiments.data import batching, encoding, scripts
 from experiments.data.splits import SPLITS
@@ -57,8 +57,8 @@ def loss_and_metrics(
     embed_delta_BxLxD: jax.Array | None = None,
 ):
     """Weighted mean cross-entropy (filler rows weigh 0) plus the pooling penalty; `cfg`'s type
-    says which model (`finetune.family`)."""
-    logits_BxC, aux = finetune.family(cfg).apply(
+    says which model (`attn.models.module`)."""
+    logits_BxC, aux = models.module(cfg).apply(
         params,
         batch["tokens"],
         cfg,

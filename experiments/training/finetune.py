@@ -1,15 +1,14 @@
-"""Fine-tuning a pretrained BERT-family checkpoint (`model.pretrained`): what the classification
-objective (`classify`) needs to train `attn.bert_classifier` instead of `attn.classifier`,
-through the same setup, loop, checkpoints and commands.
+"""Fine-tuning a pretrained checkpoint of any family attn reads (`model.pretrained`): what the
+classification objective (`classify`) needs to train `attn.encoder_classifier` instead of
+`attn.classifier`, through the same setup, loop, checkpoints and commands.
 
-`load` reads the checkpoint (`attn.bert.load`; its first model.pretrained_layers, random weights
-with model.pretrained_init=random) and its own tokenizer (`checkpoint_tokenizer`);
-`model_config` makes the frozen `bert_classifier.Config` from it and config.model (pooling, the
-head's dropout, the attention implementation, dtype, the bag); `init_params` puts the checkpoint's
-encoder, exactly as stored, beside a fresh head (and the bag's starting table); `warm` marks the
-encoder for optim.warm_lr_scale and `layer_scales` gives optim.layer_decay's per-layer factors.
-`family` is the one dispatch on a model config's type that the train step, evaluation and serving
-share.
+`load` reads the checkpoint (`attn.encoders.load`; its first model.pretrained_layers, random
+weights with model.pretrained_init=random) and its own tokenizer (`checkpoint_tokenizer`);
+`model_config` makes the frozen `encoder_classifier.Config` from it and config.model (pooling,
+the head's dropout, the attention implementation, dtype, the bag); `init_params` puts the
+checkpoint's encoder, exactly as stored, beside a fresh head (and the bag's starting table);
+`warm` marks the encoder for optim.warm_lr_scale and `layer_scales` gives optim.layer_decay's
+per-layer factors.
 """
 
 import dataclasses
@@ -20,12 +19,9 @@ from typing import Any
 import jax
 import ml_collections
 
-from attn import bert, bert_classifier
+from attn import encoder_classifier, encoders
 from experiments.data import checkpoint_tokenizer
 from experiments.errors import UserError
-
-ModelConfig = bert_classifier.AnyConfig
-family = bert_classifier.family  # the one dispatch on a model config's type
 
 
 def requested(config: ml_collections.ConfigDict) -> bool:
@@ -38,7 +34,7 @@ class Pretrained:
 
     directory: str
     params: dict
-    encoder: bert.Config
+    encoder: Any  # the family's config (`attn.encoders`)
     tokenizer: checkpoint_tokenizer.CheckpointTokenizer
     random: bool = False  # model.pretrained_init=random: its architecture, random weights
 
@@ -46,9 +42,10 @@ class Pretrained:
         e = self.encoder
         start = "training from random weights" if self.random else "fine-tuning"
         return (
-            f"{start} {self.directory}: {e.num_layers} layers, d_model {e.d_model}, "
-            f"{e.num_heads} heads, d_ff {e.d_ff}, {bert.param_count(self.params):,} parameters, "
-            f"vocabulary {e.vocab_size}, dropout {e.dropout}/{e.attention_dropout} (its own)"
+            f"{start} {self.directory}: {encoders.family(e).name}, {e.num_layers} layers, "
+            f"d_model {e.d_model}, {e.num_heads} heads, "
+            f"{encoders.param_count(self.params):,} parameters, vocabulary {e.vocab_size}, "
+            f"dropout {e.dropout}/{e.attention_dropout} (its own)"
         )
 
 
@@ -57,8 +54,8 @@ def load(config: ml_collections.ConfigDict) -> Pretrained:
     tok = checkpoint_tokenizer.for_config(config)
     directory = config.model.pretrained
     try:
-        params, enc = bert.load(directory)
-    except bert.CheckpointError as e:
+        params, enc = encoders.load(directory)
+    except encoders.CheckpointError as e:
         raise UserError(f"model.pretrained: {e}") from None
     keep = config.model.pretrained_layers
     if keep > enc.num_layers:
@@ -66,7 +63,7 @@ def load(config: ml_collections.ConfigDict) -> Pretrained:
             f"model.pretrained_layers={keep}: {directory!r} has {enc.num_layers} layers"
         )
     if keep >= 0:
-        params, enc = bert.first_layers(params, enc, keep)
+        params, enc = encoders.first_layers(params, enc, keep)
     if tok.vocab_size > enc.vocab_size:
         raise UserError(
             f"model.pretrained={directory!r}: its tokenizer has {tok.vocab_size} ids but the "
@@ -76,8 +73,8 @@ def load(config: ml_collections.ConfigDict) -> Pretrained:
 
 
 def model_config(
-    config: ml_collections.ConfigDict, encoder: bert.Config, num_classes: int
-) -> bert_classifier.Config:
+    config: ml_collections.ConfigDict, encoder: Any, num_classes: int
+) -> encoder_classifier.Config:
     """The frozen config: the checkpoint's encoder (its dropout; config.model.dtype) and
     config.model's pooling, head dropout, attention implementation and bag; attention dropout is
     dropped (and said) for an implementation that forms no weights."""
@@ -91,7 +88,7 @@ def model_config(
         )
         enc = dataclasses.replace(enc, attention_dropout=0.0)
     try:
-        return bert_classifier.Config(
+        return encoder_classifier.Config(
             encoder=enc,
             num_classes=num_classes,
             max_len=config.data.max_len,
@@ -108,7 +105,7 @@ def model_config(
 
 def init_params(
     pre: Pretrained,
-    cfg: bert_classifier.Config,
+    cfg: encoder_classifier.Config,
     bag_start: Callable[[], jax.Array] | None = None,
 ) -> Callable[[jax.Array, bool], dict]:
     """(key, fresh) -> params: the checkpoint's encoder as stored (random with pre.random), a
@@ -117,7 +114,7 @@ def init_params(
     counts nothing."""
 
     def make(key: jax.Array, fresh: bool) -> dict:
-        params = bert_classifier.init(key, cfg)
+        params = encoder_classifier.init(key, cfg)
         if fresh and not pre.random:
             params["encoder"] = pre.params
         if fresh and bag_start is not None:

@@ -19,7 +19,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from attn import bert_classifier, classifier
+from attn import models
 from experiments import parallel, workdirs
 from experiments.data import batching, chosen, tokenizers
 from experiments.training import loop, optim, warm_start
@@ -51,7 +51,7 @@ def start(config: ml_collections.ConfigDict, workdir: str, start_from: str | Non
 class Task:
     """An objective's part of a run: its model, data, step and validation."""
 
-    cfg: classifier.ModelConfig | bert_classifier.Config
+    cfg: models.AnyConfig
     tokenizer: tokenizers.Tokenizer
     train_ids: Sequence[np.ndarray]  # the training texts' ids: the epoch's length, vector counts
     meta: dict  # `checkpoints.new_meta` of the run

@@ -19,7 +19,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from attn import classifier
+from attn import classifier, models
 from experiments import fields, parallel, serving, workdirs
 from experiments.data import tokenizers, vectors
 from experiments.errors import UserError
@@ -78,7 +78,7 @@ def source(workdir: str) -> Source:
         raise UserError(f"{named} holds no checkpoint yet; let its run save one first")
     with checkpoints.reader(workdir, which) as mngr:
         meta = checkpoints.read_meta(mngr, step)
-    if meta.get("family") == checkpoints.BERT:
+    if checkpoints.family_of(meta) != models.OWN:
         raise UserError(
             f"{named} fine-tuned a pretrained encoder; start from that checkpoint with "
             "model.pretrained instead"

@@ -1,4 +1,4 @@
-"""attn.bert_classifier: shapes, padding invariance, jit and gradients, `bert.encode`'s
+"""attn.encoder_classifier: shapes, padding invariance, jit and gradients, `bert.encode`'s
 attention weights, the step-by-step attention and the input embeddings the pictures and
 `attn.importance` read, and the optional bag of hashed n-grams beside the encoder."""
 
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attn import bag, bert, bert_classifier, classifier, importance, layers, pooling
+from attn import bag, bert, classifier, encoder_classifier, importance, layers, models, pooling
 
 DATA = pathlib.Path(__file__).parent / "data" / "bert"
 
@@ -31,35 +31,35 @@ def _ids(rng: np.random.Generator, batch: int, length: int, vocab: int) -> np.nd
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_shapes_jit_and_padding_invariance(tiny, pooling):
     enc_params, enc = tiny
-    cfg = bert_classifier.Config(encoder=enc, num_classes=3, max_len=16, pooling=pooling)
-    params = bert_classifier.init(jax.random.key(0), cfg)
+    cfg = encoder_classifier.Config(encoder=enc, num_classes=3, max_len=16, pooling=pooling)
+    params = encoder_classifier.init(jax.random.key(0), cfg)
     params["encoder"] = enc_params
     ids = _ids(np.random.default_rng(0), 2, 12, enc.vocab_size)
-    logits, aux = bert_classifier.apply(params, ids, cfg)
-    jitted, _ = jax.jit(bert_classifier.apply, static_argnums=2)(params, ids, cfg)
+    logits, aux = encoder_classifier.apply(params, ids, cfg)
+    jitted, _ = jax.jit(encoder_classifier.apply, static_argnums=2)(params, ids, cfg)
     chex.assert_shape(logits, (2, 3))
     np.testing.assert_allclose(jitted, logits, atol=1e-5)
     assert len(aux["attention"]) == enc.num_layers
     chex.assert_shape(aux["attention"][0], (2, enc.num_heads, 12, 12))
     # Appending padding changes nothing: not the logits, and no attention lands on it.
     padded = np.pad(ids, ((0, 0), (0, 4)))
-    logits_pad, aux_pad = bert_classifier.apply(params, padded, cfg)
+    logits_pad, aux_pad = encoder_classifier.apply(params, padded, cfg)
     np.testing.assert_allclose(logits_pad, logits, atol=1e-5)
     assert float(jnp.abs(aux_pad["attention"][-1][..., 12:]).max()) == 0.0
     # A different head changes the logits: the test above could fail.
-    other = bert_classifier.init(jax.random.key(1), cfg)
+    other = encoder_classifier.init(jax.random.key(1), cfg)
     other["encoder"] = enc_params
-    assert not np.allclose(bert_classifier.apply(other, ids, cfg)[0], logits)
+    assert not np.allclose(encoder_classifier.apply(other, ids, cfg)[0], logits)
 
 
 def test_gradients_reach_the_head_and_every_layer_and_dropout_needs_a_key(tiny):
     enc_params, enc = tiny
-    cfg = bert_classifier.Config(encoder=enc, max_len=16)
-    params = {**bert_classifier.init(jax.random.key(0), cfg), "encoder": enc_params}
+    cfg = encoder_classifier.Config(encoder=enc, max_len=16)
+    params = {**encoder_classifier.init(jax.random.key(0), cfg), "encoder": enc_params}
     ids = _ids(np.random.default_rng(1), 2, 10, enc.vocab_size)
 
     def loss(p, rng):
-        logits, _ = bert_classifier.apply(p, ids, cfg, train=True, rng=rng)
+        logits, _ = encoder_classifier.apply(p, ids, cfg, train=True, rng=rng)
         return jax.nn.log_softmax(logits)[:, 0].sum()
 
     grads = jax.jit(jax.grad(loss))(params, jax.random.key(2))
@@ -69,11 +69,11 @@ def test_gradients_reach_the_head_and_every_layer_and_dropout_needs_a_key(tiny):
     for part in ("embed", "layer_0", "layer_1"):
         assert float(sum(jnp.abs(g).sum() for g in jax.tree.leaves(grads["encoder"][part]))) > 0
     # Dropout on: two keys give two answers, and no key is refused.
-    a = bert_classifier.apply(params, ids, cfg, train=True, rng=jax.random.key(3))[0]
-    b = bert_classifier.apply(params, ids, cfg, train=True, rng=jax.random.key(4))[0]
+    a = encoder_classifier.apply(params, ids, cfg, train=True, rng=jax.random.key(3))[0]
+    b = encoder_classifier.apply(params, ids, cfg, train=True, rng=jax.random.key(4))[0]
     assert not np.allclose(a, b)
     with pytest.raises(ValueError, match="needs an rng"):
-        bert_classifier.apply(params, ids, cfg, train=True)
+        encoder_classifier.apply(params, ids, cfg, train=True)
 
 
 def test_encode_returns_the_states_it_returns_without_weights(tiny):
@@ -93,10 +93,10 @@ def test_attention_steps_are_the_encoders_own_weights_and_outputs(tiny, layer):
     """Each step of a layer, run alone, is what `encode` computes inside it: the weights it
     returns, and (through the residual and LayerNorm) the next layer's input."""
     params, enc = tiny
-    cfg = bert_classifier.Config(encoder=enc, max_len=16)
-    clf = {**bert_classifier.init(jax.random.key(0), cfg), "encoder": params}
+    cfg = encoder_classifier.Config(encoder=enc, max_len=16)
+    clf = {**encoder_classifier.init(jax.random.key(0), cfg), "encoder": params}
     ids = _ids(np.random.default_rng(3), 2, 9, enc.vocab_size)[1]  # padded from position 4
-    st = bert_classifier.attention_steps(clf, ids, cfg, layer=layer)
+    st = encoder_classifier.attention_steps(clf, ids, cfg, layer=layer)
     _, weights = bert.encode(params, enc, ids[None], ids[None] != 0, return_weights=True)
     np.testing.assert_allclose(st.weights_HxLxL, weights[layer][0], atol=1e-6)
     assert float(jnp.abs(st.weights_HxLxL[..., 4:]).max()) == 0.0  # padding keys masked
@@ -110,29 +110,29 @@ def test_attention_steps_are_the_encoders_own_weights_and_outputs(tiny, layer):
         want = bert.encode(below, enc_below, ids[None], ids[None] != 0)[0]
     np.testing.assert_allclose(st.x_LxD, want, atol=1e-5)
     with pytest.raises(ValueError, match=r"layer must be in \[0, 2\)"):
-        bert_classifier.attention_steps(clf, ids, cfg, layer=2)
+        encoder_classifier.attention_steps(clf, ids, cfg, layer=2)
 
 
 def test_the_input_embeddings_are_what_the_delta_moves(tiny):
     """`embed` is word + position + type before the LayerNorm; a zero delta changes nothing and
     gradient × input equals the finite difference of scaling one token's input embedding."""
     params, enc = tiny
-    cfg = bert_classifier.Config(encoder=enc, max_len=16)
-    clf = {**bert_classifier.init(jax.random.key(0), cfg), "encoder": params}
+    cfg = encoder_classifier.Config(encoder=enc, max_len=16)
+    clf = {**encoder_classifier.init(jax.random.key(0), cfg), "encoder": params}
     ids = jnp.asarray(_ids(np.random.default_rng(4), 2, 8, enc.vocab_size))
-    x = bert_classifier.embed(clf, ids, cfg)
+    x = encoder_classifier.embed(clf, ids, cfg)
     e = params["embed"]
     want = e["tokens"][ids] + e["positions"][jnp.arange(8)] + e["types"][0]
     np.testing.assert_allclose(x, want, atol=1e-6)
-    logits, _ = bert_classifier.apply(clf, ids, cfg)
-    zero, _ = bert_classifier.apply(clf, ids, cfg, embed_delta_BxLxD=jnp.zeros_like(x))
+    logits, _ = encoder_classifier.apply(clf, ids, cfg)
+    zero, _ = encoder_classifier.apply(clf, ids, cfg, embed_delta_BxLxD=jnp.zeros_like(x))
     np.testing.assert_array_equal(zero, logits)
     g = importance.gradient(clf, ids, cfg)
     c = jnp.argmax(logits, -1)
 
     def log_p(b: int, pos: int, eps: float) -> float:
         delta = jnp.zeros_like(x).at[b, pos].set(eps * x[b, pos])
-        out, _ = bert_classifier.apply(clf, ids, cfg, embed_delta_BxLxD=delta)
+        out, _ = encoder_classifier.apply(clf, ids, cfg, embed_delta_BxLxD=delta)
         return float(jax.nn.log_softmax(out)[b, c[b]])
 
     for b, pos in ((0, 0), (0, 5), (1, 2)):
@@ -146,12 +146,12 @@ def test_importance_reads_the_encoders_attention_and_erases_with_its_mask(tiny, 
     """attention and rollout read the last layer's weights as the pooling does, and
     leave-one-out is the exact drop of erasing a token to PAD."""
     params, enc = tiny
-    cfg = bert_classifier.Config(encoder=enc, max_len=16, pooling=pooling)
-    clf = {**bert_classifier.init(jax.random.key(0), cfg), "encoder": params}
+    cfg = encoder_classifier.Config(encoder=enc, max_len=16, pooling=pooling)
+    clf = {**encoder_classifier.init(jax.random.key(0), cfg), "encoder": params}
     ids = jnp.asarray(_ids(np.random.default_rng(5), 2, 8, enc.vocab_size))
     real = np.asarray(ids != 0)
     assert importance.has_attention(cfg)
-    _, aux = bert_classifier.apply(clf, ids, cfg)
+    _, aux = encoder_classifier.apply(clf, ids, cfg)
     w = np.asarray(aux["attention"][-1]).mean(1)  # [B, query, key]
     att = np.asarray(importance.attention(clf, ids, cfg))
     for b in range(2):
@@ -164,22 +164,22 @@ def test_importance_reads_the_encoders_attention_and_erases_with_its_mask(tiny, 
     erased = ids.at[0, 3].set(0)
     p_erased = importance.probabilities(clf, erased, cfg)[0, c[0]]
     np.testing.assert_allclose(loo[0, 3], p[0] - p_erased, atol=1e-6)
-    off = bert_classifier.Config(encoder=bert.first_layers(params, enc, 0)[1], max_len=16)
+    off = encoder_classifier.Config(encoder=bert.first_layers(params, enc, 0)[1], max_len=16)
     assert not importance.has_attention(off)
-    assert bert_classifier.attention_layout(cfg) == (enc.num_layers, enc.num_heads, "scaled_dot")
-    assert bert_classifier.attention_layout(off)[0] == 0
+    assert models.layout(cfg) == (enc.num_layers, enc.num_heads, "scaled_dot")
+    assert models.layout(off)[0] == 0
     own = classifier.ModelConfig(vocab_size=8, num_layers=3, num_heads=2, d_model=8, score="mlp")
-    assert bert_classifier.attention_layout(own) == (3, 2, "mlp")
+    assert models.layout(own) == (3, 2, "mlp")
 
 
 def test_config_refuses_what_the_encoder_cannot_do(tiny):
     _, enc = tiny
-    with pytest.raises(ValueError, match="max_positions=40"):
-        bert_classifier.Config(encoder=enc, max_len=64)
+    with pytest.raises(ValueError, match="at most 40 tokens"):
+        encoder_classifier.Config(encoder=enc, max_len=64)
     with pytest.raises(ValueError, match="pooling"):
-        bert_classifier.Config(encoder=enc, max_len=16, pooling="max")
+        encoder_classifier.Config(encoder=enc, max_len=16, pooling="max")
     with pytest.raises(ValueError, match="attention dropout needs implementation 'matrix'"):
-        bert_classifier.Config(encoder=enc, max_len=16, implementation="chunked")
+        encoder_classifier.Config(encoder=enc, max_len=16, implementation="chunked")
     for bad in (
         {"bag_buckets": -1},
         {"bag_buckets": 64, "bag_orders": ()},
@@ -187,8 +187,8 @@ def test_config_refuses_what_the_encoder_cannot_do(tiny):
         {"bag_dropout": 1.0},
     ):
         with pytest.raises(ValueError, match="Config.bag_"):
-            bert_classifier.Config(encoder=enc, max_len=16, **bad)
-    listed = bert_classifier.Config(encoder=enc, max_len=16, bag_buckets=64, bag_orders=[1, 3])
+            encoder_classifier.Config(encoder=enc, max_len=16, **bad)
+    listed = encoder_classifier.Config(encoder=enc, max_len=16, bag_buckets=64, bag_orders=[1, 3])
     assert listed.bag_orders == (1, 3)  # a list from JSON is normalised, so the config hashes
 
 
@@ -196,9 +196,9 @@ def _with_bag(tiny, **bag_fields):
     """A config without the bag and one with it, and the params of the first with the
     checkpoint's encoder."""
     enc_params, enc = tiny
-    off = bert_classifier.Config(encoder=enc, max_len=16, dropout=0.3)
-    on = bert_classifier.Config(encoder=enc, max_len=16, dropout=0.3, **bag_fields)
-    params = {**bert_classifier.init(jax.random.key(0), off), "encoder": enc_params}
+    off = encoder_classifier.Config(encoder=enc, max_len=16, dropout=0.3)
+    on = encoder_classifier.Config(encoder=enc, max_len=16, dropout=0.3, **bag_fields)
+    params = {**encoder_classifier.init(jax.random.key(0), off), "encoder": enc_params}
     return off, on, params
 
 
@@ -214,18 +214,18 @@ def test_without_the_bag_the_model_and_its_random_streams_are_as_before(tiny):
     h = bert.encode(params["encoder"], off.encoder, ids, mask, train=True, rng=r_enc)
     v = layers.dropout(jax.vmap(pooling.mean_pool)(h, mask), 0.3, train=True, rng=r_pool)
     want = v @ params["head"]["w"] + params["head"]["b"]
-    got, _ = bert_classifier.apply(params, ids, off, train=True, rng=rng)
+    got, _ = encoder_classifier.apply(params, ids, off, train=True, rng=rng)
     assert np.asarray(got).tobytes() == np.asarray(want).tobytes()
-    init_on = bert_classifier.init(jax.random.key(0), on)
+    init_on = encoder_classifier.init(jax.random.key(0), on)
     assert set(init_on) == {"encoder", "head", "bag"} and not np.asarray(init_on["bag"]).any()
     assert init_on["bag"].shape == (64, 2)
     np.testing.assert_array_equal(
-        init_on["head"]["w"], bert_classifier.init(jax.random.key(0), off)["head"]["w"]
+        init_on["head"]["w"], encoder_classifier.init(jax.random.key(0), off)["head"]["w"]
     )
     with_zeros = {**params, "bag": init_on["bag"]}
     for train in (True, False):
-        a, _ = bert_classifier.apply(params, ids, off, train=train, rng=rng)
-        b, _ = bert_classifier.apply(with_zeros, ids, on, train=train, rng=rng)
+        a, _ = encoder_classifier.apply(params, ids, off, train=train, rng=rng)
+        b, _ = encoder_classifier.apply(with_zeros, ids, on, train=train, rng=rng)
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
 
 
@@ -267,15 +267,15 @@ def test_the_bag_adds_the_table_rows_of_the_distinct_hashed_ngrams(tiny):
     ids[2, 3:6] = ids[2, 0:3]  # repeated n-grams count once
     table = np.random.default_rng(5).normal(size=(97, 2)).astype(np.float32)
     with_bag = {**params, "bag": jnp.asarray(table)}
-    base, _ = bert_classifier.apply(params, ids, off)
-    got, _ = bert_classifier.apply(with_bag, ids, on)
+    base, _ = encoder_classifier.apply(params, ids, off)
+    got, _ = encoder_classifier.apply(with_bag, ids, on)
     want = _bag_reference(table, ids, (1, 2))
     assert np.abs(want).max() > 0.1
     np.testing.assert_allclose(np.asarray(got) - np.asarray(base), want, atol=1e-5)
     # bag_tokens_BxG, when given, is what the bag reads; the encoder still reads the tokens.
     longer = np.concatenate([ids, ids[:, 1:5]], axis=1)
     longer[1, 12:] = 0  # row 1 is padded from the middle: nothing after it is read
-    got, _ = bert_classifier.apply(with_bag, ids, on, bag_tokens_BxG=longer)
+    got, _ = encoder_classifier.apply(with_bag, ids, on, bag_tokens_BxG=longer)
     np.testing.assert_allclose(
         np.asarray(got) - np.asarray(base), _bag_reference(table, longer, (1, 2)), atol=1e-5
     )
@@ -286,22 +286,22 @@ def test_padding_adds_nothing_to_the_bag(tiny):
     """The buckets that padding would hash to hold large rows: appended padding, a padded
     bag_tokens_BxG and an all-padding text add nothing."""
     off, on, params = _with_bag(tiny, bag_buckets=97, bag_orders=(1, 2, 3))
-    pads = np.unique(np.asarray(bert_classifier.bag_ids(jnp.zeros((1, 4), jnp.int32), on)))
+    pads = np.unique(np.asarray(encoder_classifier.bag_ids(jnp.zeros((1, 4), jnp.int32), on)))
     table = np.random.default_rng(6).normal(size=(97, 2)).astype(np.float32)
     table[pads] = 100.0
     with_bag = {**params, "bag": jnp.asarray(table)}
     ids = _ids(np.random.default_rng(7), 2, 10, off.encoder.vocab_size)
-    got, _ = bert_classifier.apply(with_bag, ids, on)
-    base, _ = bert_classifier.apply(params, ids, off)
+    got, _ = encoder_classifier.apply(with_bag, ids, on)
+    base, _ = encoder_classifier.apply(params, ids, off)
     np.testing.assert_allclose(
         np.asarray(got) - np.asarray(base), _bag_reference(table, ids, (1, 2, 3)), atol=1e-4
     )
     assert np.abs(np.asarray(got)).max() < 50  # no row of 100 was read
     padded = np.pad(ids, ((0, 0), (0, 6)))
-    np.testing.assert_allclose(bert_classifier.apply(with_bag, padded, on)[0], got, atol=1e-5)
+    np.testing.assert_allclose(encoder_classifier.apply(with_bag, padded, on)[0], got, atol=1e-5)
     np.testing.assert_allclose(
-        bert_classifier.apply(with_bag, ids, on, bag_tokens_BxG=padded)[0], got, atol=1e-5
+        encoder_classifier.apply(with_bag, ids, on, bag_tokens_BxG=padded)[0], got, atol=1e-5
     )
     empty = np.zeros((1, 10), np.int32)
-    empty_bag = bag.logits(with_bag["bag"], bert_classifier.bag_ids(empty, on), empty != 0)
+    empty_bag = bag.logits(with_bag["bag"], encoder_classifier.bag_ids(empty, on), empty != 0)
     assert not np.asarray(empty_bag).any()

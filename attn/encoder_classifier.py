@@ -1,19 +1,23 @@
-"""A sentence classifier over a BERT-family encoder (`attn.bert`): encode -> pool -> the
-classifier head (`attn.head`), for fine-tuning a pretrained checkpoint.
+"""A sentence classifier over a pretrained encoder of any family in `attn.encoders`: encode ->
+pool -> the classifier head (`attn.head`), for fine-tuning a checkpoint.
 
-    h = bert.encode(ids)                      [B, L, D]
-    v = pooler(h) | h[:, 0] | mean(h, real)   [B, D]   pooling "cls" (the pooler when the
-                                                       checkpoint has one) or "mean"
+    h = encoders.encode(ids)                  [B, L, D]
+    v = pool(h) | mean(h, real)               [B, D]   pooling "cls" (the checkpoint's pooler
+                                                       when it has one, else [CLS]'s state) or
+                                                       "mean"
     logits = W Dropout(v) + b                 [B, C]
            (+ bag.logits(ids)                 [B, C]   with bag_buckets > 0)
 
 With bag_buckets > 0, the logits of `attn.bag` (a linear model on the bag of hashed n-grams of the
-checkpoint's token ids) are added to the head's, as `attn.classifier` adds them to its own: the
-encoder reads the text in context, the bag every distinct n-gram of it, however long.
+token ids) are added to the head's, as `attn.classifier` adds them to its own: the encoder reads
+the text in context, the bag every distinct n-gram of it, however long.
 
-Params (plain dicts, float32): {"encoder": `bert.init`'s or `bert.load`'s params,
-"head": {"w": [D, C], "b": [C]}, "bag": [bag_buckets, C] if bag_buckets}. Token id 0 is padding
-(the mask is ids != 0): the pretrained tokenizers this serves pad with id 0, as BERT's [PAD] is.
+Token ids are attn's: 0 pads, as in every attn batch. They are the checkpoint's ids with its
+padding id and 0 exchanged (`to_checkpoint`, an involution), so a checkpoint that pads with
+another id (RoBERTa's 1) reads its own ids; for BERT's [PAD] = 0 nothing changes.
+
+Params (plain dicts, float32): {"encoder": the family's params (`attn.encoders.load`), "head":
+{"w": [D, C], "b": [C]}, "bag": [bag_buckets, C] if bag_buckets}.
 
 `apply`, `embed` and `attention_steps` have `attn.classifier`'s signatures (and `apply` its
 aux), so one train step, evaluation, the pictures and `attn.importance` serve both models.
@@ -22,27 +26,25 @@ aux), so one train step, evaluation, the pictures and `attn.importance` serve bo
 import dataclasses
 import functools
 import numbers
-import sys
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from attn import bag, bert, classifier, head, multihead, pooling
-from attn.attention import IMPLEMENTATIONS, attention
+from attn import bag, encoders, head, multihead, pooling
+from attn.attention import IMPLEMENTATIONS, Attention
 
 __all__ = [
     "PAD",
     "POOLINGS",
-    "AnyConfig",
     "Config",
     "apply",
     "attend",
-    "attention_layout",
     "attention_steps",
     "bag_ids",
     "embed",
-    "family",
     "init",
+    "to_checkpoint",
 ]
 
 PAD = 0
@@ -51,12 +53,12 @@ POOLINGS = ("cls", "mean")
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """The encoder's config and the classifier's own fields; frozen and hashable (a jit static
-    argument)."""
+    """The encoder's config (any family's) and the classifier's own fields; frozen and hashable
+    (a jit static argument)."""
 
-    encoder: bert.Config
+    encoder: Any
     num_classes: int = 2
-    max_len: int = 512  # tokens per text, [CLS] and [SEP] included
+    max_len: int = 512  # tokens per text, special tokens included
     pooling: str = "mean"  # "cls" (the pooler when the checkpoint has one, else [CLS]) | "mean"
     dropout: float = 0.1  # on the pooled vector
     implementation: str = "matrix"  # attention's: "matrix" | "chunked" | "xla"
@@ -65,18 +67,19 @@ class Config:
     bag_dropout: float = 0.0  # drops whole n-grams from the bag in training
 
     def __post_init__(self):
-        if not isinstance(self.encoder, bert.Config):
-            raise ValueError(f"Config.encoder must be an attn.bert.Config; got {self.encoder!r}")
+        try:
+            encoders.family(self.encoder)
+        except ValueError as e:
+            raise ValueError(f"Config.encoder: {e}") from None
         for name, lo in (("num_classes", 2), ("max_len", 1), ("bag_buckets", 0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
                 raise ValueError(f"Config.{name} must be an integer >= {lo}; got {v!r}")
             object.__setattr__(self, name, int(v))
-        last = self.max_len - 1 + self.encoder.position_offset
-        if last >= self.encoder.max_positions:
+        if self.max_len > self.encoder.max_length:
             raise ValueError(
-                f"Config.max_len={self.max_len} needs position {last}; the encoder has "
-                f"max_positions={self.encoder.max_positions}"
+                f"Config.max_len={self.max_len} is longer than the encoder reads: at most "
+                f"{self.encoder.max_length} tokens"
             )
         if self.pooling not in POOLINGS:
             raise ValueError(f"Config.pooling must be one of {POOLINGS}; got {self.pooling!r}")
@@ -99,38 +102,27 @@ class Config:
             )
 
 
-# Either classifier's config: attn.classifier's own model, or this one over a BERT-family encoder.
-AnyConfig = classifier.ModelConfig | Config
-
-
-def family(cfg: AnyConfig):
-    """The module whose `init`, `apply`, `embed`, `bag_ids` and `attention_steps` serve `cfg`:
-    attn.bert_classifier for its Config, else attn.classifier (the same signatures)."""
-    return sys.modules[__name__] if isinstance(cfg, Config) else classifier
-
-
-def attention_layout(cfg: AnyConfig) -> tuple[int, int, str]:
-    """(layers, heads, score) of either classifier's attention: attn.classifier's own, or the
-    encoder's here (scaled dot products, as its checkpoint computes them)."""
-    if isinstance(cfg, Config):
-        return cfg.encoder.num_layers, cfg.encoder.num_heads, "scaled_dot"
-    return cfg.num_layers, cfg.num_heads, cfg.score
-
-
 @functools.lru_cache(maxsize=8)
-def attend(implementation: str):
-    """Each layer's attention: scaled dot products (the checkpoints'), in `implementation`."""
-    return functools.partial(attention, implementation=implementation)
+def attend(implementation: str) -> Attention:
+    """Each layer's attention in `implementation`; the family sets the score its checkpoints
+    compute."""
+    return Attention(implementation=implementation)
+
+
+def to_checkpoint(tokens_BxL: jax.Array, pad_id: int) -> jax.Array:
+    """attn's ids (0 = padding) -> the checkpoint's, and back: 0 and pad_id exchanged."""
+    if pad_id == PAD:
+        return tokens_BxL
+    return jnp.where(tokens_BxL == PAD, pad_id, jnp.where(tokens_BxL == pad_id, PAD, tokens_BxL))
 
 
 def init(key: jax.Array, cfg: Config) -> dict:
-    """Random params: `bert.init`'s encoder and a head ~ N(0, initializer_range²), bias 0 (as
-    ...ForSequenceClassification draws it), and the bag's table 0 when bag_buckets > 0 (no key
-    drawn, so the other params are those of the config without it). Fine-tuning puts a
-    checkpoint's encoder in."""
+    """Random params: the family's encoder and a head ~ N(0, initializer_range²), bias 0 (as
+    ...ForSequenceClassification draws it), and the bag's table 0 when bag_buckets > 0.
+    Fine-tuning puts a checkpoint's encoder in."""
     k_enc, k_head = jax.random.split(key)
     e = cfg.encoder
-    params = {"encoder": bert.init(k_enc, e)}
+    params = {"encoder": encoders.init(k_enc, e)}
     params.update(
         head.init(
             k_head,
@@ -149,21 +141,23 @@ def bag_ids(tokens_BxL: jax.Array, cfg: Config) -> jax.Array:
 
 
 def embed(params: dict, tokens_BxL: jax.Array, cfg: Config) -> jax.Array:
-    """The input embeddings [B, L, D] float32 of token ids [B, L]: word + position + token type,
-    before the encoder's first LayerNorm (`bert.input_embeddings`)."""
+    """The input embeddings [B, L, D] float32 of token ids [B, L], before anything normalises
+    them: what embed_delta_BxLxD is added to (the family's `input_embeddings`)."""
     tokens_BxL = jnp.asarray(tokens_BxL)
-    return bert.input_embeddings(params["encoder"], cfg.encoder, tokens_BxL, tokens_BxL != PAD)
+    fam = encoders.family(cfg.encoder)
+    ids_BxL = to_checkpoint(tokens_BxL, cfg.encoder.pad_id)
+    return fam.input_embeddings(params["encoder"], cfg.encoder, ids_BxL, tokens_BxL != PAD)
 
 
 def attention_steps(
     params: dict, tokens_L: jax.Array, cfg: Config, *, layer: int = 0
 ) -> multihead.Steps:
     """Layer `layer`'s self-attention on one sequence of ids [L] step by step, PAD keys masked
-    (`bert.attention_steps`)."""
+    (the family's `attention_steps`)."""
     tokens_L = jnp.asarray(tokens_L)
-    return bert.attention_steps(
-        params["encoder"], cfg.encoder, tokens_L, tokens_L != PAD, layer=layer
-    )
+    fam = encoders.family(cfg.encoder)
+    ids_L = to_checkpoint(tokens_L, cfg.encoder.pad_id)
+    return fam.attention_steps(params["encoder"], cfg.encoder, ids_L, tokens_L != PAD, layer=layer)
 
 
 def apply(
@@ -182,17 +176,18 @@ def apply(
 
     bag_tokens_BxG, if given, is what the bag reads instead of tokens_BxL (more of each text,
     G >= L); without a bag it is ignored, as `attn.classifier.apply` ignores it.
-    embed_delta_BxLxD, if given, is added to the input embeddings (`embed`) before their
-    LayerNorm."""
+    embed_delta_BxLxD, if given, is added to the input embeddings (`embed`) before they are
+    normalised."""
     if train and rng is None:
-        raise ValueError("bert_classifier: train=True needs an rng key for dropout; got rng=None")
+        raise ValueError("encoder_classifier: train=True needs an rng key for dropout; got None")
     tokens_BxL = jnp.asarray(tokens_BxL)
     mask_BxL = tokens_BxL != PAD
+    fam = encoders.family(cfg.encoder)
     r_enc, r_pool = jax.random.split(rng) if train else (None, None)
-    h_BxLxD, weights = bert.encode(
+    h_BxLxD, weights = fam.encode(
         params["encoder"],
         cfg.encoder,
-        tokens_BxL,
+        to_checkpoint(tokens_BxL, cfg.encoder.pad_id),
         mask_BxL,
         attend=attend(cfg.implementation),
         train=train,
@@ -202,10 +197,8 @@ def apply(
     )
     if cfg.pooling == "mean":
         v_BxD = jax.vmap(pooling.mean_pool)(h_BxLxD, mask_BxL)
-    elif "pooler" in params["encoder"]:
-        v_BxD = bert.pool(params["encoder"], h_BxLxD)
     else:
-        v_BxD = h_BxLxD[:, 0]
+        v_BxD = fam.pool(params["encoder"], h_BxLxD)
     read_BxG = tokens_BxL if bag_tokens_BxG is None else jnp.asarray(bag_tokens_BxG)
     logits_BxC = head.logits(
         params,
