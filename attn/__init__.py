@@ -5,11 +5,11 @@ come from vmap. `attn.dot_product_attention` is that vmap done for you, a drop-i
 `jax.nn.dot_product_attention` ([B, T, N, H], its arguments and broadcasting) with attn's scores,
 masks and implementations. `attn.Attention(score=..., implementation=...)` binds the static
 arguments in a form `jax.jit` and Flax can hold. Submodules: scores, masks, chunked, batched,
-reference, bag, multihead, encoder, positions, pooling, layers, classifier, masked_lm (masked-token
-pretraining), importance (token importance and erasure), bert (BERT-family encoders and their
-Hugging Face checkpoints; reading one needs safetensors), bert_classifier (a classifier over
-one, to fine-tune), and flax_interop (import it explicitly;
-it pulls in Flax).
+reference, fused (the cuDNN and Pallas TPU kernels), bag, multihead, encoder, positions, pooling,
+layers, classifier, masked_lm (masked-token pretraining), importance (token importance and
+erasure), bert (BERT-family encoders and their Hugging Face checkpoints; reading one needs
+safetensors), bert_classifier (a classifier over one, to fine-tune), and flax_interop (import it
+explicitly; it pulls in Flax).
 
 Names carry their shapes: ``q_LxK`` is [L, K], with einsum subscripts to match. One meaning per
 letter, here and in experiments/, benchmarks/ and tests/:
@@ -55,6 +55,7 @@ from attn import (
     chunked,
     classifier,
     encoder,
+    fused,
     importance,
     layers,
     masked_lm,
@@ -81,6 +82,7 @@ __all__ = [
     "classifier",
     "dot_product_attention",
     "encoder",
+    "fused",
     "importance",
     "layers",
     "masked_lm",
