@@ -150,7 +150,14 @@ def cudnn(
             rest.append(masks.lengths(k_len=parts.k_len))
         if rest:
             dense = jnp.broadcast_to(masks.matrix(masks.all_of(*rest), lq, lk), (lq, lk))
-    q_len = None if k_len is None else jnp.full((1,), lq, jnp.int32)
+    if dense is not None and (lq % 2 or lk % 2):
+        # cuDNN's backward takes a dense mask at even lengths only: one more query row (dropped
+        # below) or one more key (masked), zeros.
+        pq, pk = _round_up(lq, 2), _round_up(lk, 2)
+        q_LxX = jnp.pad(q_LxX, ((0, pq - lq), (0, 0)))
+        k_MxX, v_MxX = (jnp.pad(a, ((0, pk - lk), (0, 0))) for a in (k_MxX, v_MxX))
+        dense = jnp.pad(dense, ((0, pq - lq), (0, pk - lk)))
+    q_len = None if k_len is None else jnp.full((1,), q_LxX.shape[0], jnp.int32)
     q_LxX, k_MxX, v_MxX, dense, q_len, k_len = _batched_alike(
         (q_LxX, k_MxX, v_MxX, dense, q_len, k_len)
     )
@@ -168,7 +175,7 @@ def cudnn(
             implementation="cudnn",
         )
     )
-    return _rows_with_nothing_allowed(out_1xLx1xX[0, :, 0, :e], v_MxE, mask, fully_masked)
+    return _rows_with_nothing_allowed(out_1xLx1xX[0, :lq, 0, :e], v_MxE, mask, fully_masked)
 
 
 def splash(
