@@ -16,14 +16,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import enable_x64
+from jax.experimental.pallas import tpu as pltpu
 
 import attn
 from attn import fused, masks
 from attn.attention import attention
 
-pltpu = pytest.importorskip("jax.experimental.pallas.tpu")
-if not hasattr(pltpu, "force_tpu_interpret_mode"):
-    pytest.skip("this jax has no Pallas TPU interpret mode", allow_module_level=True)
+# jax 0.7.2 and 0.10.2 have it; a jax without it skips what needs it.
+tpu_interpret = pytest.mark.skipif(
+    not hasattr(pltpu, "force_tpu_interpret_mode"),
+    reason="this jax has no jax.experimental.pallas.tpu.force_tpu_interpret_mode",
+)
 
 LQ, LK, D, E = 20, 23, 8, 6  # not multiples of splash's 128-row blocks; dv != d
 EPS = float(jnp.finfo(jnp.float32).eps)
@@ -66,6 +69,7 @@ SPLASH_MASKS = {
 }
 
 
+@tpu_interpret
 @pytest.mark.parametrize("name", sorted(SPLASH_MASKS))
 def test_splash_equals_the_matrix_form_in_value_and_gradient(name):
     q, k, v = _inputs(1)
@@ -188,6 +192,7 @@ def test_cudnn_traces_through_jax_s_cudnn_batching_and_differentiation_rules(mon
     assert out.shape == (2, 16, 3, E)
 
 
+@tpu_interpret
 def test_the_batched_form_traces_splash_per_row_and_head():
     q, k, v = _inputs(5, lq=16, lk=16, lead=(2, 3))
     qkv = [x.transpose(0, 2, 1, 3) for x in (q, k, v)]  # [B, L, N, H]
@@ -226,6 +231,7 @@ def test_off_their_hardware_or_score_the_kernels_refuse_in_one_line(implementati
         assert w in message, (w, message)
 
 
+@tpu_interpret
 @pytest.mark.parametrize(
     "kwargs, words",
     [
@@ -254,6 +260,7 @@ def test_splash_refuses_what_its_kernel_cannot_compute_in_one_line(kwargs, words
         assert w in message, (w, message)
 
 
+@tpu_interpret
 def test_splash_refuses_float64_which_it_would_compute_in_float32():
     with enable_x64(), pltpu.force_tpu_interpret_mode(), pytest.raises(ValueError) as info:
         attention(*(x.astype(jnp.float64) for x in (_q, _k, _v)), implementation="splash")
