@@ -5,12 +5,13 @@ come from vmap. `attn.dot_product_attention` is that vmap done for you, a drop-i
 `jax.nn.dot_product_attention` ([B, T, N, H], its arguments and broadcasting) with attn's scores,
 masks and implementations. `attn.Attention(score=..., implementation=...)` binds the static
 arguments in a form `jax.jit` and Flax can hold. Submodules: scores, masks, chunked, batched,
-reference, bag, multihead, encoder, positions, pooling, layers, head (the classifier head both
-classifiers share), classifier, masked_lm (masked-token pretraining), importance (token importance
-and erasure), encoders (pretrained encoder families behind one registry, and their Hugging Face
-checkpoints; reading one needs safetensors), bert (the BERT family under its earlier name),
-encoder_classifier (a classifier over a pretrained encoder, to fine-tune), models (which of the two
-classifiers a config is), and flax_interop (import it explicitly; it pulls in Flax).
+reference, fused (the cuDNN and Pallas TPU kernels), bag, multihead, encoder, positions, pooling,
+layers, head (the classifier head both classifiers share), classifier, masked_lm (masked-token
+pretraining), importance (token importance and erasure), encoders (pretrained encoder families
+behind one registry, and their Hugging Face checkpoints; reading one needs safetensors), bert (the
+BERT family under its earlier name), encoder_classifier (a classifier over a pretrained encoder, to
+fine-tune), models (which of the two classifiers a config is), and flax_interop (import it
+explicitly; it pulls in Flax).
 
 Names carry their shapes: ``q_LxK`` is [L, K], with einsum subscripts to match. One meaning per
 letter, here and in experiments/, benchmarks/ and tests/:
@@ -57,6 +58,7 @@ from attn import (
     encoder,
     encoder_classifier,
     encoders,
+    fused,
     head,
     importance,
     layers,
@@ -86,6 +88,7 @@ __all__ = [
     "encoder",
     "encoder_classifier",
     "encoders",
+    "fused",
     "head",
     "importance",
     "layers",

@@ -1,10 +1,14 @@
 """Attention for one unbatched sequence: out = softmax(score(Q, K)) V with a mask.
 
 Batches and heads come from ``jax.vmap`` (``attn.dot_product_attention`` does that for you, in
-``jax.nn.dot_product_attention``'s layout). Three implementations share one contract:
+``jax.nn.dot_product_attention``'s layout). Five implementations share one contract:
   "matrix"   all queries at once as matrix products; returns the weights.
   "chunked"  online softmax over key/query chunks (attn.chunked), O(L) memory; weights None.
-  "xla"      ``jax.nn.dot_product_attention`` (XLA or cuDNN); scaled_dot only; weights None.
+  "xla"      ``jax.nn.dot_product_attention``'s XLA form; scaled_dot only; weights None.
+  "cudnn"    cuDNN's flash attention through jax.nn, on NVIDIA GPUs (attn.fused); scaled_dot
+             only, float16/bfloat16; weights None.
+  "splash"   Pallas's splash attention kernel, on TPUs (attn.fused); scaled_dot only, key
+             padding, query, causal and sliding_window masks; weights None.
 
 Scores (``attn.scores``) may depend on absolute positions, and masks (``attn.masks``) may be
 functions of positions; both see query i and key j as positions i and j. Masked scores are set
@@ -30,11 +34,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from attn import chunked, masks, scores
+from attn import chunked, fused, masks, scores
 
 __all__ = ["FULLY_MASKED", "IMPLEMENTATIONS", "Attention", "attention"]
 
-IMPLEMENTATIONS = ("matrix", "chunked", "xla")
+IMPLEMENTATIONS = ("matrix", "chunked", "xla", *fused.FUSED)
 FULLY_MASKED = ("zero", "mean")  # what a query that may attend nowhere gets: 0, or mean(v)
 
 
@@ -66,7 +70,8 @@ def attention(
         ``fn(params, q_LxD, k_MxD)`` (plus ``*, q_pos, k_pos`` if it needs positions).
       score_params: params for parameterized scores (from ``get_score(score).init``); their
         paths and shapes are checked against what init builds for this d.
-      implementation: "matrix" | "chunked" | "xla".
+      implementation: "matrix" | "chunked" | "xla" | "cudnn" | "splash" (the last two refuse,
+        in one line, what their kernel cannot compute: see attn.fused).
       q_chunk, k_chunk: chunk sizes for "chunked" (any length works: the last chunk overlaps
         the one before it).
       fully_masked: "zero" (a query that may attend nowhere gets output 0) or "mean" (the mean
@@ -94,7 +99,12 @@ def attention(
             k_chunk=k_chunk, fully_masked=fully_masked,
         )  # fmt: skip
         return out, None
-    return _xla(q, k, v, mask, scores.dot_scale(sc, q.shape[1]), fully_masked), None
+    scale = scores.dot_scale(sc, q.shape[1])
+    if implementation == "cudnn":
+        return fused.cudnn(q, k, v, mask, scale=scale, fully_masked=fully_masked), None
+    if implementation == "splash":
+        return fused.splash(q, k, v, mask, scale=scale, fully_masked=fully_masked), None
+    return _xla(q, k, v, mask, scale, fully_masked), None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,6 +245,8 @@ def _check(
         masks.check(mask, q.shape[0], k.shape[0])
     if implementation == "xla":
         _check_xla(q, k, v, sc)
+    if implementation in fused.FUSED:
+        fused.check(implementation, q, k, v, mask, scores.dot_scale(sc, q.shape[1]))
     _check_score_params(sc, score_params, q.shape[1])
     _check_chunks(q_chunk, k_chunk)
 

@@ -12,7 +12,9 @@ attn's own arguments: ``score`` (any name in ``attn.scores`` or a callable, posi
 included) and ``score_params`` (shared by all heads, or stacked over the N query heads);
 ``mask`` may also be a mask function of positions (``attn.masks``), shared by every row, or one
 per row (``masks.segments`` with ids [B, L], ``masks.lengths`` with lengths [B], ``all_of``
-of those); ``implementation`` "matrix" (the default, also for None) | "chunked" | "xla".
+of those); ``implementation`` "matrix" (the default, also for None) | "chunked" | "xla" |
+"cudnn" (jax.nn's own name: cuDNN's flash attention, through `attn.fused`) | "splash" (Pallas's
+TPU kernel).
 
 **A query that may attend nowhere gets output 0 here, and the mean of all of value in jax.nn
 and Flax** (their softmax over only masked scores is uniform). ``fully_masked="mean"`` gives
@@ -67,7 +69,7 @@ def dot_product_attention(
       scale: the scores are scale * q.k (score "scaled_dot" or "dot"); default 1/sqrt(H).
       is_causal, local_window_size (int or (left, right)), query_seq_lengths,
         key_value_seq_lengths ([B] int32): as in jax.nn; combined with mask.
-      implementation: None or "matrix", "chunked", "xla" (`attn.attention`'s).
+      implementation: None or "matrix", "chunked", "xla", "cudnn", "splash" (`attn.attention`'s).
       score, score_params, q_chunk, k_chunk, fully_masked: as in `attn.attention`.
       dropout_rate, dropout_rng, broadcast_dropout: attention dropout ("matrix"); by default
         one [T, S] dropout mask for every row and head, as Flax's broadcast_dropout.
@@ -83,11 +85,6 @@ def dot_product_attention(
     b, t, n, h, s, kh = _check_qkv(q, k, v, unbatched)
     g = n // kh
     impl = "matrix" if implementation is None else implementation
-    if impl == "cudnn":
-        raise ValueError(
-            "implementation='cudnn' is jax.nn's; here implementation is None, 'matrix', "
-            "'chunked' or 'xla' (which runs jax.nn.dot_product_attention)"
-        )
     sc = _scaled(scores.get_score(score), scale)
     want = (b, n, t, s)
     m_arr = None if mask is None or callable(mask) else _as_4d("mask", mask, want)
@@ -100,8 +97,8 @@ def dot_product_attention(
         b,
     )
     b_arr = None if bias is None else _as_4d("bias", bias, want)
-    if b_arr is not None and impl == "xla":
-        raise ValueError("bias needs implementation='matrix' or 'chunked'; got 'xla'")
+    if b_arr is not None and impl not in ("matrix", "chunked"):
+        raise ValueError(f"bias needs implementation='matrix' or 'chunked'; got {impl!r}")
     sp, sp_per_head = score_params, _per_head(sc, score_params, h, n)
     if sp_per_head:
         sp = jax.tree.map(lambda x: x.reshape(kh, g, *x.shape[1:]) if g > 1 else x, sp)

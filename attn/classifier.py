@@ -60,7 +60,7 @@ class ModelConfig:
     dropout: float = 0.1  # residual and pooled-vector dropout
     embed_dropout: float = 0.1  # on the summed input embeddings
     score: str = "scaled_dot"  # a name in attn.scores.SCORES; an alias becomes its score's name
-    implementation: str = "matrix"  # "matrix" | "chunked" | "xla"
+    implementation: str = "matrix"  # attn.IMPLEMENTATIONS; "cudnn" takes dtype "bfloat16"
     q_chunk: int = 128
     k_chunk: int = 128
     ngram_buckets: int = 0  # >0 adds hashed n-gram embeddings of the token ids (fastText-style)
@@ -110,10 +110,10 @@ class ModelConfig:
         choice("score", [*scores.SCORES, *scores.ALIASES])
         object.__setattr__(self, "score", scores.get_score(self.score).name)  # alias -> name
         choice("implementation", IMPLEMENTATIONS)
-        if self.implementation == "xla" and self.score != "scaled_dot":
+        if self.implementation not in ("matrix", "chunked") and self.score != "scaled_dot":
             raise ValueError(
-                f"ModelConfig.implementation='xla' supports only score='scaled_dot'; "
-                f"got ModelConfig.score={self.score!r}"
+                f"ModelConfig.implementation={self.implementation!r} supports only "
+                f"score='scaled_dot'; got ModelConfig.score={self.score!r}"
             )
         integer("q_chunk", 1)
         integer("k_chunk", 1)

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 
 __all__ = [
     "MASKED",
+    "Factors",
     "Mask",
     "MaskFn",
     "MaskFunction",
@@ -39,6 +40,7 @@ __all__ = [
     "causal",
     "check",
     "evaluate",
+    "factor",
     "lengths",
     "matrix",
     "pairs",
@@ -372,6 +374,56 @@ def matrix(mask: Mask | None, lq: int, lk: int) -> jax.Array | None:
         return None
     check(mask, lq, lk)
     return as_fn(mask).matrix(lq, lk)
+
+
+@dataclasses.dataclass(frozen=True)
+class Factors:
+    """A mask in the pieces fused kernels take natively (`factor`); query i may attend to key j
+    when every piece allows it."""
+
+    band: tuple[int | None, int | None] | None  # (left, right): -left <= j - i <= right; None
+    # on a side: unbounded (causal is (None, 0)); band None: no causal or sliding_window part
+    q_len: jax.Array | None  # i < q_len (lengths)
+    k_len: jax.Array | None  # j < k_len
+    query_L: jax.Array | None  # bool [Lq], from [Lq, 1] arrays: whether query i attends at all
+    key_M: jax.Array | None  # bool [Lk], from [Lk] and [1, Lk] arrays: keys every query may see
+    other: tuple[MaskFunction, ...]  # the rest: segments, [Lq, Lk] arrays, other functions
+
+
+def factor(mask: Mask, lq: int, lk: int) -> Factors:
+    """The mask (checked against lq and lk first) as `Factors`: ``all_of`` is flattened and parts
+    of one kind are intersected (the narrower band, the shorter length, the and of arrays)."""
+    check(mask, lq, lk)
+    band, q_len, k_len, query_L, key_M, other = None, None, None, None, None, []
+
+    def narrower(a: int | None, b: int | None) -> int | None:
+        return b if a is None else (a if b is None else min(a, b))
+
+    def flat(fn: MaskFunction) -> list[MaskFunction]:
+        return [p for part in fn.parts for p in flat(part)] if isinstance(fn, _AllOf) else [fn]
+
+    for part in flat(as_fn(mask)):
+        if isinstance(part, _Causal | _SlidingWindow):
+            left, right = (None, 0) if isinstance(part, _Causal) else (part.left, part.right)
+            band = (
+                (left, right)
+                if band is None
+                else (narrower(band[0], left), narrower(band[1], right))
+            )
+        elif isinstance(part, _Lengths):
+            if part.q_len is not None:
+                q_len = part.q_len if q_len is None else jnp.minimum(q_len, part.q_len)
+            if part.k_len is not None:
+                k_len = part.k_len if k_len is None else jnp.minimum(k_len, part.k_len)
+        elif isinstance(part, _FromArray) and (part.m.ndim < 2 or part.m.shape[0] == 1):
+            keys_M = jnp.broadcast_to(part.m.reshape(-1), (lk,))
+            key_M = keys_M if key_M is None else key_M & keys_M
+        elif isinstance(part, _FromArray) and part.m.shape[1] == 1:
+            queries_L = jnp.broadcast_to(part.m[:, 0], (lq,))
+            query_L = queries_L if query_L is None else query_L & queries_L
+        else:
+            other.append(part)
+    return Factors(band, q_len, k_len, query_L, key_M, tuple(other))
 
 
 def softmax(s_LxM: jax.Array, allowed_LxM: jax.Array | None) -> tuple[jax.Array, jax.Array]:

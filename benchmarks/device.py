@@ -3,7 +3,8 @@
 On JAX's default backend it measures, prints and writes to `<out>/device.json`:
   matmul     the dense matmul rate of one device in bfloat16 and in float32 (JAX's default
              precision, which on a TPU multiplies float32 in bfloat16 passes)
-  attention  forward+backward of each `attn.attention` implementation and of
+  attention  forward+backward of each `attn.attention` implementation (its fused ones, cudnn
+             and splash, on their own hardware) and of
              `jax.nn.dot_product_attention` (XLA's, and cuDNN's on a GPU) on one device, at
              L = 512, 2048 and 8192, in bfloat16 and float32: the time, the ratio to jax.nn's
              XLA form, and the share of the same dtype's matmul rate that the textbook FLOPs reach
@@ -15,16 +16,21 @@ On JAX's default backend it measures, prints and writes to `<out>/device.json`:
              fine-tuned on that folder's official split once per --seeds, each seed's test
              accuracy against NBSVM's 91.22% and DistilBERT's 92.8%, and its wall time
   bert       the fine-tuning step of an all-MiniLM-L6-v2-shaped `attn.bert` encoder
-             (`benchmarks/bert.py`) at L = 512, in float32 and bfloat16, with attn's matrix and
-             chunked attention and with jax.nn.dot_product_attention: time, tokens/s, the ratio
-             to jax.nn and the share of the same dtype's matmul rate
+             (`benchmarks/bert.py`) at L = 512, in float32 and bfloat16, with attn's matrix,
+             chunked and fused attention (cudnn on an NVIDIA GPU, splash on a TPU), with
+             jax.nn.dot_product_attention, and the same step in PyTorch with
+             scaled_dot_product_attention (`benchmarks/torch_sdpa.py`, when torch is installed):
+             time, tokens/s, the ratio to jax.nn and the share of the same dtype's matmul rate
 A figure that cannot be measured (cuDNN off a GPU, a program larger than the device's memory, the
-LRA run without --imdb_path) is still listed, with the reason. `--quick` measures every figure at
-tiny sizes in seconds: the command's smoke test on a CPU. `--parts` runs a subset.
+LRA run without --imdb_path) is still listed, with the reason: "not measurable here: ..." for a
+fused kernel off its hardware or dtypes (attn's own refusal) and for PyTorch where it is absent
+or has no backend for the device. `--quick` measures every figure at tiny sizes in seconds: the
+command's smoke test on a CPU. `--parts` runs a subset.
 """
 
 import dataclasses
 import functools
+import importlib.util
 import json
 import os
 import shutil
@@ -39,6 +45,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from attn import fused
 from attn.attention import IMPLEMENTATIONS, Attention
 from attn.attention import attention as attend
 from benchmarks import attention as attention_section
@@ -53,6 +60,8 @@ LENGTHS = (512, 2048, 8192)
 DTYPES = ("bfloat16", "float32")
 REFERENCE = "jax.nn xla"
 CUDNN = "jax.nn cudnn"
+TORCH = "torch sdpa"
+FUSED = tuple(f"attn {name}" for name in fused.FUSED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +101,7 @@ METHODS: dict[str, Callable] = {
 BERT_METHODS: dict[str, Callable] = {
     "attn matrix": attend,
     "attn chunked": Attention(implementation="chunked"),
+    **{f"attn {name}": Attention(implementation=name) for name in fused.FUSED},
     REFERENCE: bert_section.jax_nn_attend,
 }
 
@@ -114,7 +124,7 @@ def figures() -> list[str]:
         for m in METHODS
     ]
     names += [f"train step, configs/imdb.py, {dtype}" for dtype in DTYPES]
-    names += [bert_figure(m, dtype) for dtype in DTYPES for m in BERT_METHODS]
+    names += [bert_figure(m, dtype) for dtype in DTYPES for m in [*BERT_METHODS, TORCH]]
     return [*names, "lra_text test accuracy", FINETUNE]
 
 
@@ -131,6 +141,14 @@ def _memory_limit() -> int:
 def _first_line(e: Exception) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0][:200] if text else ''}"
+
+
+def _not_compiled(method: str, e: Exception) -> str:
+    """Why a method has no time: attn's refusal of a fused kernel off its hardware or dtypes
+    (a ValueError at trace time), or a failure to compile."""
+    if method in FUSED and isinstance(e, ValueError):
+        return f"not measurable here: {str(e).strip()}"
+    return f"does not compile here: {_first_line(e)}"
 
 
 def _loss_grad(fn: Callable) -> Callable:
@@ -164,7 +182,7 @@ def attention_rows(sizes: Sizes, matmul: dict[str, float]) -> list[dict]:
                     try:
                         programs[key] = jax.jit(_loss_grad(fn)).lower(q, k, v).compile()
                     except Exception as e:  # e.g. cuDNN's dtype and shape limits
-                        programs[key] = f"does not compile here: {_first_line(e)}"
+                        programs[key] = _not_compiled(name, e)
                 compiled = programs[key]
                 if isinstance(compiled, str):
                     cell["skipped"] = compiled
@@ -308,10 +326,17 @@ def bert_rows(sizes: Sizes, matmul: dict[str, float]) -> list[dict]:
                     cfg, {name: fn}, batch, tx, state
                 )[name]
             except Exception as e:  # e.g. out of memory while compiling
-                cells[name]["skipped"] = f"does not compile here: {_first_line(e)}"
+                cells[name]["skipped"] = _not_compiled(name, e)
                 continue
             cells[name].update(compile_s=compile_s, memory_bytes=temp)
             runs[name] = compiled
+        cells[TORCH] = {"figure": bert_figure(TORCH, dtype), "method": TORCH, "dtype": dtype}
+        cells[TORCH].update(L=length, batch=batch_size)
+        torch_step = _torch_step(cfg, batch, dtype)
+        if isinstance(torch_step, str):
+            cells[TORCH]["skipped"] = f"not measurable here: {torch_step}"
+        else:
+            runs[TORCH] = torch_step
         if runs:
             first = timing.time_interleaved(runs, 1)
             per_round = sum(t[0] for t in first.values())
@@ -332,6 +357,16 @@ def bert_rows(sizes: Sizes, matmul: dict[str, float]) -> list[dict]:
             rows.append(cell)
             print(_bert_line(cell))
     return rows
+
+
+def _torch_step(cfg, batch: dict, dtype: str) -> Callable[[], float] | str:
+    """PyTorch SDPA's step on this device (`benchmarks/torch_sdpa.py`), or why it cannot run."""
+    if importlib.util.find_spec("torch") is None:
+        return "PyTorch is not installed (no dependency of attn)"
+    from benchmarks import torch_sdpa
+
+    platform = jax.default_backend()
+    return torch_sdpa.unavailable(platform) or torch_sdpa.step(cfg, batch, dtype, platform)
 
 
 def _bert_line(c: dict) -> str:

@@ -344,10 +344,11 @@ _q, _k, _v = _qkv(19)
         (dict(value=_v.astype(jnp.int32)), TypeError, ["value", "int32"]),
         (dict(key=_k[:, :6]), ValueError, ["(2, 6, 2, 8)", "must share"]),
         (dict(query=_q[:, :, :3]), ValueError, ["N=3", "K=2"]),
-        (dict(implementation="cudnn"), ValueError, ["cudnn", "'chunked'"]),
+        (dict(implementation="cudnn"), ValueError, ["'cudnn'", "NVIDIA GPU", "'cpu'", "'xla'"]),
         (dict(implementation="flash"), ValueError, ["implementation", "'flash'"]),
         (dict(score="additive", scale=0.5), ValueError, ["scale", "'additive'"]),
         (dict(bias=jnp.ones((T, S)), implementation="xla"), ValueError, ["bias", "'xla'"]),
+        (dict(bias=jnp.ones((T, S)), implementation="splash"), ValueError, ["bias", "'splash'"]),
         (dict(query_seq_lengths=jnp.array([3, 4, 5])), ValueError, ["query_seq_lengths", "(3,)"]),
         (
             dict(mask=masks.segments(jnp.zeros((3, S), jnp.int32))),

@@ -246,6 +246,8 @@ def test_other_implementations_match_matrix(implementation):
         ("score", "cosine"),
         ("implementation", "flash"),
         ("implementation", "xla"),  # with score="general" below
+        ("implementation", "cudnn"),  # likewise
+        ("implementation", "splash"),  # likewise
         ("q_chunk", 0),
         ("k_chunk", True),
         ("ngram_buckets", -1),
@@ -256,7 +258,7 @@ def test_other_implementations_match_matrix(implementation):
     ],
 )
 def test_bad_config_field_raises_naming_it(field, value):
-    extra = {"score": "general"} if value == "xla" else {}
+    extra = {"score": "general"} if value in ("xla", "cudnn", "splash") else {}
     with pytest.raises(ValueError, match=rf"ModelConfig\.{field}"):
         _cfg(**{field: value, **extra})
 

@@ -249,3 +249,43 @@ def test_per_row_masks_carry_their_batch_axis():
         masks.all_of(masks.segments(seg_BxL), masks.lengths(jnp.array([1, 2, 3])))
     with pytest.raises(TypeError, match="segments: ids must be integers; got dtype float32"):
         masks.segments(jnp.zeros(3))
+
+
+def test_factor_sorts_every_part_into_its_kind_and_loses_nothing():
+    r = np.random.default_rng(7)
+    key_M, key_1xM = r.random(LK) < 0.8, r.random((1, LK)) < 0.8
+    query_Lx1, full_LxM = r.random((LQ, 1)) < 0.8, r.random((LQ, LK)) < 0.8
+    segs = masks.segments(SEG[:LQ], SEG)
+    mask = masks.all_of(
+        masks.causal,
+        masks.all_of(masks.sliding_window(3, 2), masks.lengths(6, 9)),  # nested all_of
+        masks.lengths(k_len=8),
+        key_M,
+        key_1xM,
+        query_Lx1,
+        segs,
+        full_LxM,
+    )
+    f = masks.factor(mask, LQ, LK)
+    assert f.band == (3, 0)  # causal's right bound 0 and the window's left bound 3
+    assert (int(f.q_len), int(f.k_len)) == (6, 8)  # the shorter lengths
+    np.testing.assert_array_equal(f.key_M, key_M & key_1xM[0])
+    np.testing.assert_array_equal(f.query_L, query_Lx1[:, 0])
+    assert [p.name for p in f.other] == ["segments", "array"]
+    # The pieces, put back together, are the mask.
+    rebuilt = masks.all_of(
+        masks.sliding_window(*f.band),
+        masks.lengths(f.q_len, f.k_len),
+        f.key_M,
+        f.query_L[:, None],
+        *f.other,
+    )
+    np.testing.assert_array_equal(masks.matrix(rebuilt, LQ, LK), masks.matrix(mask, LQ, LK))
+
+
+def test_factor_of_one_part_and_of_causal_alone():
+    assert masks.factor(masks.causal, LQ, LK).band == (None, 0)
+    f = masks.factor(jnp.ones((LK,), bool), LQ, LK)
+    assert f.band is None and f.q_len is None and f.other == () and f.key_M.shape == (LK,)
+    with pytest.raises(ValueError, match=r"does not broadcast to \[Lq, Lk\]"):
+        masks.factor(jnp.ones((LK + 1,), bool), LQ, LK)  # checked first
