@@ -16,6 +16,10 @@ trained once per seed through `python -m experiments.train`'s own code:
                  layer's learning rate 0.9 times the one above (the embeddings 0.9**7 of the
                  head's)
   finetuned_all_epochs  finetuned with train.patience=0: every epoch, the best validated kept
+  finetuned_lr5e-5, finetuned_lr2e-4  finetuned at learning rate 5e-5 or 2e-4 instead of 1e-4
+  finetuned_cls, finetuned_cls_lr5e-5, finetuned_cls_lr2e-4  the same three rates with [CLS]
+                 pooling (model.pooling=cls: the checkpoint's pooler on [CLS], the head that
+                 BertForSequenceClassification has) instead of the mean over real tokens
 
 The two rows that train a linear layer over fixed or shallow features get learning rate 1e-3,
 chosen on validation (the checkpoint's rows keep configs/finetune.py's 1e-4). `--rows` picks
@@ -57,11 +61,21 @@ ROWS: dict[str, tuple[str, dict] | None] = {
         {"optim.ema_decay": 0.0, "optim.layer_decay": 0.9},
     ),
     "finetuned_all_epochs": ("finetune.py", {"train.patience": 0}),
+    "finetuned_lr5e-5": ("finetune.py", {"optim.learning_rate": 5e-5}),
+    "finetuned_lr2e-4": ("finetune.py", {"optim.learning_rate": 2e-4}),
+    "finetuned_cls": ("finetune.py", {"model.pooling": "cls"}),
+    "finetuned_cls_lr5e-5": ("finetune.py", {"model.pooling": "cls", "optim.learning_rate": 5e-5}),
+    "finetuned_cls_lr2e-4": ("finetune.py", {"model.pooling": "cls", "optim.learning_rate": 2e-4}),
 }
 LABELS = {  # in the order the table shows them: the fine-tune, its variants and ablations, others
     "finetuned": "pretrained encoder fine-tuned, weights averaged (`configs/finetune.py`)",
     "finetuned_no_ema": "the same without the weight average (EMA 0.99)",
     "finetuned_all_epochs": "fine-tuned for all its epochs (no early stopping)",
+    "finetuned_lr5e-5": "the same at learning rate 5e-5",
+    "finetuned_lr2e-4": "the same at learning rate 2e-4",
+    "finetuned_cls": "the same with [CLS] pooling (the checkpoint's pooler)",
+    "finetuned_cls_lr5e-5": "[CLS] pooling at learning rate 5e-5",
+    "finetuned_cls_lr2e-4": "[CLS] pooling at learning rate 2e-4",
     "finetuned_bag": "fine-tuned with the bag of n-grams beside it, weights averaged "
     "(`configs/finetune.py:bag`)",
     "finetuned_bag_no_ema": "the same without the weight average (EMA 0.99)",
