@@ -34,7 +34,17 @@ from typing import Any
 from attn.encoders.bert.model import Config
 from attn.encoders.hub import CheckpointError, Rule
 
-__all__ = ["ARCHITECTURES", "MODEL_TYPES", "PREFIXES", "from_hf", "rules", "skip"]
+__all__ = [
+    "ARCHITECTURES",
+    "MODEL_TYPES",
+    "PREFIXES",
+    "block_rules",
+    "from_hf",
+    "layer_norm",
+    "linear",
+    "rules",
+    "skip",
+]
 
 # model_type -> the architectures whose checkpoints hold this encoder (their heads skipped).
 _ARCHITECTURES = {
@@ -102,14 +112,22 @@ def layer_norm(name: str, path: tuple[str, ...]) -> dict[str, tuple[Rule, ...]]:
     return {f"{name}.weight": (Rule((*path, "scale")),), f"{name}.bias": (Rule((*path, "bias")),)}
 
 
-def rules(cfg: Config) -> dict[str, tuple[Rule, ...]]:
-    """Stored name (no prefix) -> where it goes, for every parameter."""
-    out = {name: (Rule(path),) for name, path in _EMBED.items()}
-    for i in range(cfg.num_layers):
+def block_rules(num_layers: int) -> dict[str, tuple[Rule, ...]]:
+    """The rules of BERT's blocks encoder.layer.N.* -> layer_N, also the layout of the families
+    whose blocks are BERT's under the same names (ELECTRA)."""
+    out: dict[str, tuple[Rule, ...]] = {}
+    for i in range(num_layers):
         for name, path in _LINEAR.items():
             out.update(linear(f"encoder.layer.{i}.{name}", (f"layer_{i}", *path)))
         for name, norm in _NORMS.items():
             out.update(layer_norm(f"encoder.layer.{i}.{name}", (f"layer_{i}", norm)))
+    return out
+
+
+def rules(cfg: Config) -> dict[str, tuple[Rule, ...]]:
+    """Stored name (no prefix) -> where it goes, for every parameter."""
+    out = {name: (Rule(path),) for name, path in _EMBED.items()}
+    out.update(block_rules(cfg.num_layers))
     if cfg.pooler:
         out.update(linear("pooler.dense", ("pooler",)))
     return out

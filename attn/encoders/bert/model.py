@@ -11,6 +11,10 @@ checkpoints; ``attn.Attention(implementation="chunked")`` serves 512 tokens in m
 A key that is padding is masked; a sequence with no real token at all gets attention output 0
 (attn's convention) where Hugging Face gives the mean of the values.
 
+`init_blocks`, `blocks` (the stack of blocks) and `layer_steps` (one layer's step-by-step
+view) take any family's config with these blocks' fields, so families whose layers are BERT's
+(DistilBERT, ELECTRA) compute them here and write only their embeddings.
+
 Params (plain dicts, float32):
     {"embed": {"tokens": [V, D], "positions": [P, D], "types": [T, D], "ln": layer norm},
      "layer_0" ... "layer_{n-1}": {"mha": multihead params ({"q", "k", "v", "o": {"w", "b"}}),
@@ -25,6 +29,7 @@ import dataclasses
 import functools
 import math
 import numbers
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -38,11 +43,14 @@ from attn.encoders.family import checked_inputs, first_layers, lookup
 __all__ = [
     "Config",
     "attention_steps",
+    "blocks",
     "embed",
     "encode",
     "first_token",
     "init",
+    "init_blocks",
     "input_embeddings",
+    "layer_steps",
     "pool",
     "positions",
     "steps_input",
@@ -111,42 +119,55 @@ class Config:
         return self.max_positions - self.position_offset
 
 
+def _normal(key: jax.Array, std: float, *shape: int) -> jax.Array:
+    return std * jax.random.normal(key, shape, jnp.float32)
+
+
+def _dense(key: jax.Array, d_in: int, d_out: int, std: float) -> dict:
+    return {"w": _normal(key, std, d_in, d_out), "b": jnp.zeros((d_out,), jnp.float32)}
+
+
 def init(key: jax.Array, cfg: Config, *, score: str | scores.Score = "scaled_dot") -> dict:
     """Random float32 params (layout in the module docstring): weights ~ N(0, initializer_range²)
     as BERT draws them, biases 0, LayerNorm 1 and 0. A parameterised score adds its per-head
     params under each layer's "mha" (`attn.multihead.init`); checkpoints hold none."""
-    d, f, std = cfg.d_model, cfg.d_ff, cfg.initializer_range
-
-    def normal(k: jax.Array, *shape: int) -> jax.Array:
-        return std * jax.random.normal(k, shape, jnp.float32)
-
-    def dense(k: jax.Array, d_in: int, d_out: int) -> dict:
-        return {"w": normal(k, d_in, d_out), "b": jnp.zeros((d_out,), jnp.float32)}
-
+    d, std = cfg.d_model, cfg.initializer_range
     k_tok, k_pos, k_type, k_pool, k_layers = jax.random.split(key, 5)
     params: dict[str, Any] = {
         "embed": {
-            "tokens": normal(k_tok, cfg.vocab_size, d),
-            "positions": normal(k_pos, cfg.max_positions, d),
-            "types": normal(k_type, cfg.type_vocab_size, d),
+            "tokens": _normal(k_tok, std, cfg.vocab_size, d),
+            "positions": _normal(k_pos, std, cfg.max_positions, d),
+            "types": _normal(k_type, std, cfg.type_vocab_size, d),
             "ln": layers.layer_norm_init(d),
         }
     }
-    for i, k in enumerate(jax.random.split(k_layers, cfg.num_layers)):
+    params.update(init_blocks(k_layers, cfg, score=score))
+    if cfg.pooler:
+        params["pooler"] = _dense(k_pool, d, d, std)
+    return params
+
+
+def init_blocks(
+    key: jax.Array, cfg: Any, *, score: str | scores.Score = "scaled_dot"
+) -> dict[str, dict]:
+    """{"layer_0" ... "layer_{num_layers-1}"}: random blocks as `init` draws them, for any
+    family's config with BERT's block sizes (num_layers, d_model, num_heads, d_ff,
+    initializer_range)."""
+    d, f, std = cfg.d_model, cfg.d_ff, cfg.initializer_range
+    out = {}
+    for i, k in enumerate(jax.random.split(key, cfg.num_layers)):
         k_mha, k_q, k_k, k_v, k_o, k1, k2 = jax.random.split(k, 7)
         mha = multihead.init(k_mha, d, cfg.num_heads, score=score)
         for name, kw in (("q", k_q), ("k", k_k), ("v", k_v), ("o", k_o)):
-            mha[name] = dense(kw, d, d)
-        params[f"layer_{i}"] = {
+            mha[name] = _dense(kw, d, d, std)
+        out[f"layer_{i}"] = {
             "mha": mha,
             "ln_att": layers.layer_norm_init(d),
-            "ff1": dense(k1, d, f),
-            "ff2": dense(k2, f, d),
+            "ff1": _dense(k1, d, f, std),
+            "ff2": _dense(k2, f, d, std),
             "ln_ff": layers.layer_norm_init(d),
         }
-    if cfg.pooler:
-        params["pooler"] = dense(k_pool, d, d)
-    return params
+    return out
 
 
 def positions(cfg: Config, mask_BxL: jax.Array) -> jax.Array:
@@ -218,7 +239,7 @@ def _block(
     mask_L: jax.Array,
     rng: jax.Array | None,
     *,
-    cfg: Config,
+    cfg: Any,
     attend: multihead.Attend,
     train: bool,
 ) -> tuple[jax.Array, jax.Array | None]:
@@ -279,22 +300,39 @@ def encode(
         rng=r_embed,
         delta_BxLxD=embed_delta_BxLxD,
     )
-    mask_BxL = jnp.asarray(mask_BxL)
+    x_BxLxD, weights = blocks(
+        params, cfg, x_BxLxD, jnp.asarray(mask_BxL), attend=attend, train=train, rng=r_layers
+    )
+    return (x_BxLxD, weights) if return_weights else x_BxLxD
+
+
+def blocks(
+    params: dict,
+    cfg: Any,
+    x_BxLxD: jax.Array,
+    mask_BxL: jax.Array,
+    *,
+    attend: multihead.Attend = attention,
+    train: bool = False,
+    rng: jax.Array | None = None,
+) -> tuple[jax.Array, list]:
+    """The post-LayerNorm blocks layer_0 ... layer_{num_layers-1} over embedded tokens x [B, L, D]
+    with bool mask [B, L] -> (the last block's output [B, L, D], each layer's attention weights
+    [B, H, L, L] float32 before dropout, or None per layer when the implementation does not form
+    them). cfg is any family's config with BERT's block fields (num_layers, num_heads, dropout,
+    attention_dropout, layer_norm_eps), so families whose blocks are BERT's compute them here;
+    rng: the layers' key in training (`encode` splits it from the embeddings')."""
     block = functools.partial(_block, cfg=cfg, attend=attend, train=train)
     batch = x_BxLxD.shape[0]
     weights = []
     for i in range(cfg.num_layers):
         # One key per example and layer, so examples get independent dropout masks.
-        r_B = (
-            jax.random.split(jax.random.fold_in(r_layers, i), batch)
-            if r_layers is not None
-            else None
-        )
+        r_B = jax.random.split(jax.random.fold_in(rng, i), batch) if rng is not None else None
         x_BxLxD, w_BxHxLxL = jax.vmap(block, in_axes=(None, 0, 0, None if r_B is None else 0))(
             params[f"layer_{i}"], x_BxLxD, mask_BxL, r_B
         )
         weights.append(w_BxHxLxL)
-    return (x_BxLxD, weights) if return_weights else x_BxLxD
+    return x_BxLxD, weights
 
 
 def attention_steps(
@@ -311,6 +349,21 @@ def attention_steps(
     scaled_dot). The blocks are post-LayerNorm, so X is the layer's input as it is: the
     embeddings after their LayerNorm for layer 0, else the previous block's output (which ends
     in a LayerNorm)."""
+    return layer_steps(encode, params, cfg, ids_L, mask_L, layer=layer, score=score)
+
+
+def layer_steps(
+    encode_fn: Callable[..., jax.Array],
+    params: dict,
+    cfg: Any,
+    ids_L: jax.Array,
+    mask_L: jax.Array,
+    *,
+    layer: int,
+    score: str | scores.Score = "scaled_dot",
+) -> multihead.Steps:
+    """`attention_steps` of any family whose layers are BERT's post-LayerNorm blocks, given its
+    encode: X is encode_fn over the first `layer` layers (`first_layers`), in evaluation."""
     if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
         raise TypeError(f"layer must be an int; got {layer!r}")
     if not 0 <= layer < cfg.num_layers:
@@ -320,7 +373,7 @@ def attention_steps(
         raise ValueError(f"token ids must be one sequence [L]; got shape {ids_L.shape}")
     below, cfg_below = first_layers(params, cfg, layer)  # layer 0: the embeddings alone
     attend = functools.partial(attention, score=score)
-    x_LxD = encode(below, cfg_below, ids_L[None], mask_L[None], attend=attend)[0]
+    x_LxD = encode_fn(below, cfg_below, ids_L[None], mask_L[None], attend=attend)[0]
     return multihead.steps(
         params[f"layer_{layer}"]["mha"],
         x_LxD,

@@ -1,0 +1,24 @@
+"""DistilBERT: BERT's post-LayerNorm blocks under its own names, learned absolute positions and
+no token types; its computation in `model` and its checkpoints' rules in `checkpoint`."""
+
+from attn.encoders.bert import model as bert_model
+from attn.encoders.distilbert import checkpoint, model
+from attn.encoders.family import Family
+
+FAMILY = Family(
+    name="distilbert",
+    model_types=checkpoint.MODEL_TYPES,
+    architectures=checkpoint.ARCHITECTURES,
+    config=model.Config,
+    from_hf=checkpoint.from_hf,
+    prefixes=checkpoint.PREFIXES,
+    rules=checkpoint.rules,
+    skip=checkpoint.skip,
+    init=model.init,
+    encode=model.encode,
+    input_embeddings=model.input_embeddings,
+    attention_steps=model.attention_steps,
+    pool=bert_model.first_token,  # no pooler: the first token's state
+    score="scaled_dot",
+    steps_input=model.steps_input,
+)
