@@ -12,9 +12,11 @@ from types import ModuleType
 from typing import NamedTuple
 
 from attn import classifier, encoder_classifier, encoders
+from attn.encoders.family import PROJECTED_QK
 
 __all__ = [
     "OWN",
+    "PROJECTED_QK",
     "AnyConfig",
     "Layout",
     "config",
@@ -24,6 +26,7 @@ __all__ = [
     "layout",
     "module",
     "steps_input",
+    "steps_qk",
     "vocab_rows",
 ]
 
@@ -92,6 +95,14 @@ def steps_input(cfg: AnyConfig, layer: int) -> str:
     parts = ["token"] + (["n-gram"] if cfg.ngram_buckets else [])
     parts += [] if cfg.positions == "none" else ["position"]
     return f"X: {' + '.join(parts)} embeddings after LayerNorm"
+
+
+def steps_qk(cfg: AnyConfig, layer: int) -> tuple[str, str]:
+    """The titles of Q and K in the step-by-step figure of `layer`: X's projections for attn's
+    own model, what the family's layer computes for a pretrained encoder (e.g. rotated)."""
+    if _pretrained(cfg):
+        return encoders.family(cfg.encoder).steps_qk(cfg.encoder, layer)
+    return PROJECTED_QK
 
 
 def vocab_rows(cfg: AnyConfig) -> int:

@@ -12,6 +12,12 @@ The attention itself is a callable ``attend(q_LxK, k_LxK, v_LxK, mask, *, score_
 form); pass ``functools.partial(attn.attention, score=..., implementation=...)`` for another
 score or implementation. The score chosen at init and the one in attend must agree: attention
 refuses score params its score does not take, and asks for those it needs.
+
+A position transform of the queries and keys (``qk_transform``, e.g. rotary positions,
+``functools.partial(attn.positions.rotary, theta=10000.0)``) is applied to every head's
+projected q and k before attend, so the score and every implementation run on the transformed
+q and k unchanged: ``fn(x_HxLxK, pos_L) -> [H, L, K]`` with positions 0..L-1 for the queries and
+0..M-1 for the keys.
 """
 
 from collections.abc import Callable
@@ -23,9 +29,20 @@ import jax.numpy as jnp
 from attn import layers, masks, scores
 from attn.attention import attention
 
-__all__ = ["Attend", "Steps", "apply", "check_params", "heads", "init", "merge", "steps"]
+__all__ = [
+    "Attend",
+    "QKTransform",
+    "Steps",
+    "apply",
+    "check_params",
+    "heads",
+    "init",
+    "merge",
+    "steps",
+]
 
 Attend = Callable[..., tuple[jax.Array, jax.Array | None]]
+QKTransform = Callable[[jax.Array, jax.Array], jax.Array]  # (x [H, L, K], positions [L])
 
 
 def _head_dim(d_model: int, num_heads: int) -> int:
@@ -102,10 +119,14 @@ def merge(params: dict, out_xLxHxK: jax.Array, dtype: jnp.dtype) -> jax.Array:
 
 
 def _project(
-    params: dict, x_LxD: jax.Array, kv_MxW: jax.Array | None, num_heads: int
+    params: dict,
+    x_LxD: jax.Array,
+    kv_MxW: jax.Array | None,
+    num_heads: int,
+    qk_transform: QKTransform | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array, Any]:
-    """x [L, D] (and kv [M, W]) -> Q [H, L, Dh], K, V [H, M, Dh] and the per-head score params
-    (or None), validated."""
+    """x [L, D] (and kv [M, W]) -> Q [H, L, Dh], K, V [H, M, Dh] (Q and K position-transformed
+    when qk_transform is given) and the per-head score params (or None), validated."""
     kv_MxW = x_LxD if kv_MxW is None else kv_MxW
     for name, x in (("x", x_LxD), ("kv", kv_MxW)):
         if x.ndim != 2:
@@ -118,7 +139,23 @@ def _project(
     def split(name: str, x: jax.Array) -> jax.Array:
         return heads(params[name], x, num_heads).swapaxes(0, 1)
 
-    return split("q", x_LxD), split("k", kv_MxW), split("v", kv_MxW), params.get("score")
+    q_HxLxK, k_HxMxK = split("q", x_LxD), split("k", kv_MxW)
+    if qk_transform is not None:
+        q_HxLxK = _transformed(qk_transform, q_HxLxK, "q")
+        k_HxMxK = _transformed(qk_transform, k_HxMxK, "k")
+    return q_HxLxK, k_HxMxK, split("v", kv_MxW), params.get("score")
+
+
+def _transformed(qk_transform: QKTransform, x_HxLxK: jax.Array, name: str) -> jax.Array:
+    """qk_transform at positions 0..L-1; ValueError in one line when it changes shape or dtype."""
+    y = qk_transform(x_HxLxK, jnp.arange(x_HxLxK.shape[1], dtype=jnp.int32))
+    if getattr(y, "shape", None) != x_HxLxK.shape or y.dtype != x_HxLxK.dtype:
+        raise ValueError(
+            f"qk_transform must return {name} as it was given, {x_HxLxK.dtype}"
+            f"{list(x_HxLxK.shape)}; got {getattr(y, 'dtype', type(y).__name__)}"
+            f"{list(getattr(y, 'shape', ()))}"
+        )
+    return y
 
 
 def _merge(params: dict, out_HxLxK: jax.Array, dtype: jnp.dtype) -> jax.Array:
@@ -135,10 +172,14 @@ def apply(
     kv_MxW: jax.Array | None = None,
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
+    qk_transform: QKTransform | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """Self-attention of x [L, D] (cross-attention to kv [M, W] when given) under a mask of any
     form `attn.attention` takes: key padding [M] (True = real token), [L, M], or a function of
     positions (`attn.masks`).
+
+    qk_transform, if given, transforms each head's q and k by position before attend (see the
+    module docstring): attend computes its score from the transformed q and k.
 
     dropout_rate > 0 drops attention weights (BERT's attention dropout): each head gets its own
     key split from dropout_rng and attend is called with ``dropout_rate=, dropout_rng=`` (which
@@ -149,7 +190,9 @@ def apply(
     implementation does not materialise them). Padding queries still get an output (attending to
     real keys); callers pool with the mask, so it never matters.
     """
-    q_HxLxK, k_HxMxK, v_HxMxK, score_params = _project(params, x_LxD, kv_MxW, num_heads)
+    q_HxLxK, k_HxMxK, v_HxMxK, score_params = _project(
+        params, x_LxD, kv_MxW, num_heads, qk_transform
+    )
     sp_axis = None if score_params is None else 0
     if dropout_rate > 0.0:
         if dropout_rng is None:
@@ -179,8 +222,8 @@ class Steps(NamedTuple):
     """The values of one self-attention layer on one sequence, step by step (matrix form)."""
 
     x_LxD: jax.Array  # the layer's input X
-    q_HxLxK: jax.Array  # Q = X Wq, per head
-    k_HxLxK: jax.Array  # K = X Wk
+    q_HxLxK: jax.Array  # Q = X Wq, per head (position-transformed, with a qk_transform)
+    k_HxLxK: jax.Array  # K = X Wk (likewise): the Q and K the scores are computed from
     v_HxLxK: jax.Array  # V = X Wv
     raw_HxLxL: jax.Array  # Q Kᵀ for (scaled_)dot; the score function's matrix for the others
     scaled_HxLxL: jax.Array  # what the softmax sees: raw / sqrt(Dh) for scaled_dot, else raw
@@ -196,14 +239,16 @@ def steps(
     *,
     num_heads: int,
     score: str | scores.Score = "scaled_dot",
+    qk_transform: QKTransform | None = None,
 ) -> Steps:
     """Every intermediate value of `apply` with the matrix form of `score`, for drawing.
 
     Q, K, V, the weights, the outputs and y are computed by the same functions `apply` and
-    `attn.attention` use, so they equal theirs; raw scores are the only extra computation.
+    `attn.attention` use, so they equal theirs; raw scores are the only extra computation. With
+    a qk_transform, Q and K are the transformed ones the scores are computed from.
     """
     sc = scores.get_score(score)
-    q_HxLxK, k_HxLxK, v_HxLxK, score_params = _project(params, x_LxD, None, num_heads)
+    q_HxLxK, k_HxLxK, v_HxLxK, score_params = _project(params, x_LxD, None, num_heads, qk_transform)
     length = x_LxD.shape[0]
     pos_L = jnp.arange(length, dtype=jnp.int32)
     # scaled_dot is the dot product divided by sqrt(Dh): its raw form is `dot`.

@@ -168,6 +168,7 @@ def _draw(
     names, rows = [], []
     first = None
     x_title = models.steps_input(cfg, layer)
+    qk_titles = models.steps_qk(cfg, layer)
     for n, (ids_L, bag_G, view_L, note) in enumerate(
         zip(encoded, bags, drawn, notes, strict=True), 1
     ):
@@ -187,7 +188,10 @@ def _draw(
                 plots.plot_heatmap(w_LxL, tokens[:max_tokens], title, path)
         if not (steps or n == 1):
             continue
-        st = maps.attention_steps(trained.params, cfg, view_L, layer)
+        try:
+            st = maps.attention_steps(trained.params, cfg, view_L, layer)
+        except ValueError as e:  # a layer the model cannot draw honestly says why in one line
+            raise UserError(f"--layer={layer}: {e}") from None
         view = step_plots.head_view(
             st, head, trained.tokenizer.tokens(view_L.tolist()), view_L != classifier.PAD
         )
@@ -210,6 +214,7 @@ def _draw(
                 title=heading,
                 x_title=x_title,
                 path=os.path.join(out, names[-1]),
+                qk_titles=qk_titles,
             )
     if cfg.pooling == "structured":
         meaning = "the weight structured pooling gives it, averaged over hops"
@@ -225,6 +230,7 @@ def _draw(
         score=score,
         query=query,
         x_title=x_title,
+        qk_titles=qk_titles,
     )
     return names
 

@@ -10,7 +10,7 @@ import pytest
 from conftest import enable_x64
 from jax.test_util import check_grads
 
-from attn import masks, multihead, reference
+from attn import masks, multihead, positions, reference
 from attn.attention import attention
 
 D, H, L = 12, 3, 7
@@ -243,3 +243,86 @@ def test_attention_dropout_draws_a_mask_per_head_and_needs_a_key():
     assert float(jnp.abs(y1[:, :2] - y1[:, 2:]).max()) > 0.01  # each head its own mask
     with pytest.raises(ValueError, match="needs a dropout_rng"):
         multihead.apply(p, x, num_heads=2, dropout_rate=0.5)
+
+
+def _rotated(x_LxK, theta):
+    """Rotary positions 0..L-1, in float64 numpy: channel c and c + K/2 as one complex number."""
+    x = np.asarray(x_LxK, np.float64)
+    half = x.shape[-1] // 2
+    z = x[:, :half] + 1j * x[:, half:]
+    angle = np.arange(len(x))[:, None] * theta ** (-np.arange(half) * 2.0 / x.shape[-1])
+    z = z * np.exp(1j * angle)
+    return np.concatenate([z.real, z.imag], axis=-1)
+
+
+ROTARY = functools.partial(positions.rotary, theta=100.0)
+
+
+def test_a_qk_transform_rotates_q_and_k_before_the_score_as_the_loop_does():
+    """Rotary positions through apply equal the per-head loop with a pair score of rotated
+    vectors (rot(q_i, i) . rot(k_j, j) / sqrt(Dh)), under key padding."""
+    params = multihead.init(jax.random.key(20), D, H)
+    x_LxD, mask_L = _x_and_mask(21)
+    y, w = multihead.apply(params, x_LxD, mask_L, num_heads=H, qk_transform=ROTARY)
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+    x, dh = np.asarray(x_LxD, np.float64), D // H
+    outs, ws = [], []
+    for h in range(H):
+        cols = slice(h * dh, (h + 1) * dh)
+        q, k, v = ((x @ p[n]["w"] + p[n]["b"])[:, cols] for n in "qkv")
+        rq, rk = _rotated(q, 100.0), _rotated(k, 100.0)
+
+        def pair(q_i, k_j, i, j, rq=rq, rk=rk):
+            return float(rq[i] @ rk[j]) / np.sqrt(dh)
+
+        out, w_h = reference.attention(q, k, v, np.asarray(mask_L), score=pair)
+        outs.append(out)
+        ws.append(w_h)
+    np.testing.assert_allclose(w, np.stack(ws), atol=1e-5)
+    np.testing.assert_allclose(
+        y, np.concatenate(outs, axis=1) @ p["o"]["w"] + p["o"]["b"], atol=1e-5
+    )
+    y_plain, _ = multihead.apply(params, x_LxD, mask_L, num_heads=H)
+    assert float(jnp.abs(y - y_plain).max()) > 1e-3  # the transform is not a no-op here
+
+
+@pytest.mark.parametrize("implementation", ["chunked", "xla"])
+def test_a_qk_transform_runs_in_every_implementation_under_a_window(implementation):
+    """The transform acts on q and k before attend, so chunked (a sliding window and key padding
+    evaluated block by block) and xla give the matrix form's outputs."""
+    params = multihead.init(jax.random.key(22), D, H)
+    x_LxD, mask_L = _x_and_mask(23)
+    mask = masks.all_of(masks.sliding_window(2, 2), mask_L)
+    y_m, _ = multihead.apply(params, x_LxD, mask, num_heads=H, qk_transform=ROTARY)
+    attend = functools.partial(attention, implementation=implementation, q_chunk=3, k_chunk=2)
+    y, w = multihead.apply(params, x_LxD, mask, num_heads=H, attend=attend, qk_transform=ROTARY)
+    np.testing.assert_allclose(y, y_m, atol=1e-5)
+    assert w is None
+
+
+def test_steps_show_the_transformed_q_and_k_the_scores_come_from():
+    params = multihead.init(jax.random.key(24), D, H)
+    x_LxD, mask_L = _x_and_mask(25)
+    st = multihead.steps(params, x_LxD, mask_L, num_heads=H, qk_transform=ROTARY)
+    dh = D // H
+    for name, t in (("q", st.q_HxLxK), ("k", st.k_HxLxK)):
+        proj = np.asarray(x_LxD @ params[name]["w"] + params[name]["b"], np.float64)
+        want = np.stack([_rotated(proj[:, h * dh : (h + 1) * dh], 100.0) for h in range(H)])
+        np.testing.assert_allclose(t, want, atol=1e-5)
+    q, k = np.asarray(st.q_HxLxK, np.float64), np.asarray(st.k_HxLxK, np.float64)
+    np.testing.assert_allclose(st.raw_HxLxL, q @ k.swapaxes(1, 2), atol=1e-5)
+    y, w = multihead.apply(params, x_LxD, mask_L, num_heads=H, qk_transform=ROTARY)
+    np.testing.assert_allclose(st.y_LxD, y, atol=1e-6)
+    np.testing.assert_allclose(st.weights_HxLxL, w, atol=1e-6)
+
+
+def test_a_qk_transform_that_changes_shape_or_dtype_is_refused_in_one_line():
+    params = multihead.init(jax.random.key(26), D, H)
+    x_LxD, mask_L = _x_and_mask(27)
+    for bad, words in (
+        (lambda x, pos: x[..., :2], "must return q as it was given, float32[3, 7, 4]"),
+        (lambda x, pos: x.astype(jnp.bfloat16), "got bfloat16[3, 7, 4]"),
+    ):
+        with pytest.raises(ValueError) as e:
+            multihead.apply(params, x_LxD, mask_L, num_heads=H, qk_transform=bad)
+        assert words in str(e.value) and "\n" not in str(e.value)

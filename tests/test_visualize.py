@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 
 import attn
-from attn import classifier, multihead, scores
+from attn import classifier, models, multihead, scores
 from experiments import serving, visualize
 from experiments.explain import maps, page, plots, step_plots
 from experiments.training import metrics
@@ -111,6 +111,7 @@ def test_drawn_steps_recombine_and_are_the_model_attention(drawn, trained):
     for text, (h, kwargs) in zip(TEXTS, drawn["figures"], strict=True):
         ids_L = _view_ids(loaded, text)
         assert kwargs["query"] == QUERY and kwargs["score"] == "scaled_dot"
+        assert kwargs["qk_titles"] == models.PROJECTED_QK == ("Q = X Wq", "K = X Wk")
         assert h.tokens == loaded.tokenizer.tokens(ids_L.tolist())
         np.testing.assert_array_equal(h.allowed_L, ids_L != classifier.PAD)
         # Q, K, V are X through the head's columns of the projections.
@@ -176,6 +177,57 @@ def test_earlier_output_is_replaced_and_a_failed_call_changes_nothing(
     before = tree_hash(trained_copy)
     assert_one_line_error(run_here(*argv, "很好", capsys=capsys), "notes.txt")
     assert tree_hash(trained_copy) == before
+
+
+def test_a_layer_the_model_cannot_draw_is_one_line_and_writes_nothing(
+    trained_copy, capsys, monkeypatch
+):
+    """A model's attention_steps refuses a layer it cannot draw honestly (a ValueError naming
+    why); visualize says so in one line, with the layer, and leaves no trace."""
+
+    def refuse(*args, **kwargs):
+        raise ValueError("layer 0 masks a sliding window, which the figure does not draw")
+
+    monkeypatch.setattr(maps, "attention_steps", refuse)
+    before = tree_hash(trained_copy)
+    proc = run_here("experiments.visualize", f"--workdir={trained_copy}", "很好", capsys=capsys)
+    assert_one_line_error(proc, "--layer=0: layer 0 masks a sliding window")
+    assert tree_hash(trained_copy) == before
+
+
+def test_steps_figure_and_page_title_q_and_k_as_the_model_computes_them(tmp_path, monkeypatch):
+    """A model whose Q and K are not X's projections alone (rotated by position) names them in
+    both the figure and the page."""
+    params = multihead.init(jax.random.key(0), 8, 2)
+    st = multihead.steps(params, jax.random.normal(jax.random.key(1), (4, 8)), num_heads=2)
+    h = step_plots.head_view(st, 0, list("abcd"), np.ones(4, bool))
+    titles = ("Q = rotary(X Wq)", "K = rotary(X Wk)")
+    texts = []
+    real_savefig = Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        texts.extend(t.get_text() for t in fig.findobj(Text))
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    path = str(tmp_path / "steps.png")
+    step_plots.plot_steps(
+        h, score="scaled_dot", query=0, title="t", x_title="X", path=path, qk_titles=titles
+    )
+    assert set(titles) <= set(texts) and "Q = X Wq" not in texts
+    html_path = page.write(
+        str(tmp_path / "page.html"),
+        [],
+        shade_meaning="m",
+        steps=h,
+        steps_heading="h",
+        score="scaled_dot",
+        query=0,
+        x_title="X",
+        qk_titles=titles,
+    )
+    html = open(html_path, encoding="utf-8").read()
+    assert all(f"<b>{t}</b>" in html for t in titles) and "Q = X Wq" not in html
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@
 
 Every family is one record (`Family`: its config, init, encode, checkpoint rules, ...) in its own
 subpackage (a `model` module that computes it, a `checkpoint` module that reads Hugging Face's
-files), listed once in FAMILIES. Code outside a family's modules asks `family(cfg)` or
+files), named once in _PACKAGES. Code outside a family's modules asks `family(cfg)` or
 `family(name)`, never the type of a config. `load` reads config.json's model_type, picks the
 family, and maps every stored tensor by the family's rules (`attn.encoders.hub`).
 
@@ -14,13 +14,14 @@ Token ids are the checkpoint's own; mask is True (or 1) on real tokens.
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any
 
 import jax
 
 from attn.attention import attention
-from attn.encoders import bert, distilbert, electra, hub
+from attn.encoders import hub
 from attn.encoders.family import Family, first_layers
 from attn.encoders.hub import CheckpointError, Rule, param_count
 
@@ -38,7 +39,16 @@ __all__ = [
     "param_count",
 ]
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (bert.FAMILY, distilbert.FAMILY, electra.FAMILY)}
+# One line per family: its subpackage of attn/encoders, whose FAMILY is its record.
+_PACKAGES = (
+    "bert",
+    "distilbert",
+    "electra",
+    "modernbert",
+)
+FAMILIES: dict[str, Family] = {
+    f.name: f for f in (importlib.import_module(f"attn.encoders.{p}").FAMILY for p in _PACKAGES)
+}
 _BY_CONFIG = {f.config: f for f in FAMILIES.values()}
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}
 # Legacy LayerNorm names of older checkpoints, read as today's.

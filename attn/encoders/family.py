@@ -22,7 +22,16 @@ import numpy as np
 
 from attn.encoders.hub import Rule
 
-__all__ = ["Family", "checked_inputs", "first_layers", "lookup"]
+__all__ = ["PROJECTED_QK", "Family", "checked_inputs", "first_layers", "lookup", "projected_qk"]
+
+# Q and K in the step-by-step figure of a layer that projects X and nothing more.
+PROJECTED_QK = ("Q = X Wq", "K = X Wk")
+
+
+def projected_qk(config: Any, layer: int) -> tuple[str, str]:
+    """The titles of Q and K of a family whose Q and K are X's projections, in every layer."""
+    del config, layer
+    return PROJECTED_QK
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +57,8 @@ class Family:
       token's state when it has none.
     score: the name of the score its attention computes (`attn.scores`), for figures.
     steps_input(config, layer) -> what X is in the step-by-step figure of `layer`.
+    steps_qk(config, layer) -> the titles of Q and K in that figure: what `attention_steps`
+      returns as Q and K (X's projections, or those transformed by position, e.g. rotary).
     """
 
     name: str
@@ -65,6 +76,7 @@ class Family:
     pool: Callable[[dict, Any], Any]
     score: str
     steps_input: Callable[[Any, int], str]
+    steps_qk: Callable[[Any, int], tuple[str, str]] = projected_qk
 
 
 def first_layers(params: dict, cfg: Any, n: int) -> tuple[dict, Any]:

@@ -9,6 +9,7 @@ import io
 
 import numpy as np
 
+from attn import models
 from experiments.data import chosen
 from experiments.explain import plots, step_plots
 
@@ -77,7 +78,15 @@ def _table(
     )
 
 
-def _steps(h: step_plots.Head, *, heading: str, score: str, query: int, x_title: str) -> str:
+def _steps(
+    h: step_plots.Head,
+    *,
+    heading: str,
+    score: str,
+    query: int,
+    x_title: str,
+    qk_titles: tuple[str, str],
+) -> str:
     length, d_model = h.x_LxD.shape
     d_head = h.q_LxK.shape[1]
     raw_title, scaled_title = step_plots.score_titles(score, d_head)
@@ -90,8 +99,8 @@ def _steps(h: step_plots.Head, *, heading: str, score: str, query: int, x_title:
     square = {"keys": True, "query": query}
     inputs = [
         _table(h.x_LxD, h, x_title, tok, query=None, **features),
-        _table(h.q_LxK, h, "Q = X Wq", hd, query=query, **features),
-        _table(h.k_LxK, h, "K = X Wk", hd, query=None, **features),
+        _table(h.q_LxK, h, qk_titles[0], hd, query=query, **features),
+        _table(h.k_LxK, h, qk_titles[1], hd, query=None, **features),
         _table(h.v_LxK, h, "V = X Wv", hd, query=None, **features),
     ]
     attention = [
@@ -166,9 +175,10 @@ def write(
     score: str,
     query: int,
     x_title: str,
+    qk_titles: tuple[str, str] = models.PROJECTED_QK,
 ) -> str:
     """rows are (caption, tokens, received_L, `ranking.explain`'s dict) per text; `steps` is the
-    first text's head."""
+    first text's head, its X, Q and K titled `x_title` and `qk_titles`."""
     parts = [
         "<!doctype html><meta charset='utf-8'><title>attention</title>",
         f"<style>{_STYLE}</style>",
@@ -190,7 +200,16 @@ def write(
             for t, w in zip(tokens, w_L, strict=True)
         )
         parts.append(f"<h3>{html.escape(caption)}</h3><p>{spans}</p>{_side_by_side(explained)}")
-    parts.append(_steps(steps, heading=steps_heading, score=score, query=query, x_title=x_title))
+    parts.append(
+        _steps(
+            steps,
+            heading=steps_heading,
+            score=score,
+            query=query,
+            x_title=x_title,
+            qk_titles=qk_titles,
+        )
+    )
     page = "\n".join(parts)
     font = font_face(page)
     if font:

@@ -10,7 +10,7 @@ from matplotlib import patches
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # not pyplot: see experiments/explain/plots.py
 
-from attn import multihead
+from attn import models, multihead
 from experiments.explain import plots
 
 # What each built-in score computes for one (query, key) pair, in matrix notation.
@@ -149,8 +149,18 @@ def _bars(ax: Axes, values_L: np.ndarray, h: Head, title: str, *, weights: bool)
     ax.set_title(title, fontsize=9)
 
 
-def plot_steps(h: Head, *, score: str, query: int, title: str, x_title: str, path: str) -> str:
-    """The figure for one head; `x_title` says what X is (e.g. after which LayerNorm)."""
+def plot_steps(
+    h: Head,
+    *,
+    score: str,
+    query: int,
+    title: str,
+    x_title: str,
+    path: str,
+    qk_titles: tuple[str, str] = models.PROJECTED_QK,
+) -> str:
+    """The figure for one head; `x_title` says what X is (e.g. after which LayerNorm), and
+    `qk_titles` what Q and K are (`attn.models.steps_qk`: e.g. rotated by position)."""
     length, d_model = h.x_LxD.shape
     d_head = h.q_LxK.shape[1]
     cell = 0.42 if length <= 10 else 0.3 if length <= 24 else 0.22  # inches per token
@@ -182,8 +192,8 @@ def plot_steps(h: Head, *, score: str, query: int, title: str, x_title: str, pat
         bar_aspect = max(length * cell / 0.16, 8.0)
         features = {"keys_on_columns": False, "numbers": False, "bar_aspect": bar_aspect}
         _matrix(ax_x, h.x_LxD, h, x_title, shapes["tokens"], query=None, **features)
-        _matrix(ax_q, h.q_LxK, h, "Q = X Wq", shapes["head"], query=query, **features)
-        _matrix(ax_k, h.k_LxK, h, "K = X Wk", shapes["head"], query=None, **features)
+        _matrix(ax_q, h.q_LxK, h, qk_titles[0], shapes["head"], query=query, **features)
+        _matrix(ax_k, h.k_LxK, h, qk_titles[1], shapes["head"], query=None, **features)
         _matrix(ax_v, h.v_LxK, h, "V = X Wv", shapes["head"], query=None, **features)
         square = {
             "keys_on_columns": True,

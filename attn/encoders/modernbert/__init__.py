@@ -1,0 +1,25 @@
+"""ModernBERT: pre-LayerNorm blocks without biases, a GeGLU feed-forward, rotary positions, and
+attention that alternates between global layers and local ones (a sliding window), computed in
+`model`; its checkpoints' rules in `checkpoint`."""
+
+from attn.encoders.family import Family
+from attn.encoders.modernbert import checkpoint, model
+
+FAMILY = Family(
+    name="modernbert",
+    model_types=checkpoint.MODEL_TYPES,
+    architectures=checkpoint.ARCHITECTURES,
+    config=model.Config,
+    from_hf=checkpoint.from_hf,
+    prefixes=checkpoint.PREFIXES,
+    rules=checkpoint.rules,
+    skip=checkpoint.skip,
+    init=model.init,
+    encode=model.encode,
+    input_embeddings=model.input_embeddings,
+    attention_steps=model.attention_steps,
+    pool=model.first_token,
+    score="scaled_dot",
+    steps_input=model.steps_input,
+    steps_qk=model.steps_qk,
+)
