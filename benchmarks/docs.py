@@ -356,26 +356,20 @@ def peers_table(sec: dict) -> str:
     """The peers section's ratios attn / peer per task and shape (< 1: attn faster), with their
     quartiles over rounds and the peer's median seconds."""
     names = _peer_names(sec)
-    lines = [
-        "| task | batch × L | attn | " + " | ".join(names) + " |",
-        "| --- | --- | --- |" + " --- |" * len(names),
-    ]
-    rows = [("fine-tuning step", r) for r in sec["train"]] + [("serving", sec["serve"])]
-    for task, r in rows:
-        lines.append(
-            f"| {task} | {r['batch']} × {r['L']} | {r['attn']['median_s']:.3f} s | "
-            + " | ".join(_ratio_cell(r.get(n)) for n in names)
-            + " |"
+    rows = [["task", "batch × L", "attn", *names], ["---"] * (3 + len(names))]
+    for task, r in [("fine-tuning step", x) for x in sec["train"]] + [("serving", sec["serve"])]:
+        rows.append(
+            [task, f"{r['batch']} × {r['L']}", f"{r['attn']['median_s']:.3f} s"]
+            + [_ratio_cell(r.get(n)) for n in names]
         )
     cold = sec["cold_start"]
     if "median_s" in cold.get("attn", {}):
         b, length = cold["shape"]
-        lines.append(
-            f"| cold start (new process) | {b} × {length} | {cold['attn']['median_s']:.1f} s | "
-            + " | ".join(_ratio_cell(cold.get(n), ".1f") for n in names)
-            + " |"
+        rows.append(
+            ["cold start (new process)", f"{b} × {length}", f"{cold['attn']['median_s']:.1f} s"]
+            + [_ratio_cell(cold.get(n), ".1f") for n in names]
         )
-    return "\n".join(lines)
+    return "\n".join("| " + " | ".join(row) + " |" for row in rows)
 
 
 def peers(r: dict) -> str:

@@ -95,6 +95,9 @@ def test_peers_section_times_only_the_peers_that_agree(tmp_path, monkeypatch, ca
     assert "| fine-tuning step | 2 × 16 |" in written and "| off |" in written
     assert "| **no** |" in written and "| broken | skipped: failed to build" in written
     assert docs.peers({"peers": sec}).startswith("- attn / twin: fine-tuning step ")
+    alone = {**sec, "sides": {"attn": sec["sides"]["attn"]}}  # every peer skipped
+    for table in (docs.peers_table(sec), docs.peers_table(alone)):
+        assert len({line.count("|") for line in table.splitlines()}) == 1, table
 
     assert cli.run(bench_main.define_flags, bench_main.main, argv[:4]) == 2
     assert "peers needs --bert_dir=DIR" in capsys.readouterr().err
