@@ -8,15 +8,19 @@
   python -m benchmarks finetune --bert_dir=DIR/all-MiniLM-L6-v2 --data_path=FILE.csv
       [--seeds=0,1,2] [--rows=tfidf,scratch,frozen,finetuned,attention_off,...]
   python -m benchmarks finetune --bert_dir=DIR/all-MiniLM-L6-v2 --rows=imdb --imdb_path=DIR/aclImdb
+  python -m benchmarks peers --bert_dir=DIR/all-MiniLM-L6-v2
   python -m benchmarks device [--quick] [--imdb_path=DIR/aclImdb] [--lra_minutes=1.5]
       [--parts=attention,train,lra,bert,finetune] [--bert_dir=DIR/all-MiniLM-L6-v2]
 
 `all` is the first three; `imdb` (tens of minutes per seed on 2 cores), `lra` (the cost of the
 Long Range Arena configs), `multihost` (two processes against one, about 20 minutes), `bert`
 (a fine-tuning step of a pretrained-size encoder; with --bert_dir, its numerics against
-transformers) and `finetune` (a pretrained encoder fine-tuned against its ablations, hours on
-2 cores; results.json is written after each run) run only when named. `device` is for a GPU or
-TPU (`benchmarks/device.py`): it writes `<out>/device.json` instead of a section of results.json.
+transformers), `finetune` (a pretrained encoder fine-tuned against its ablations, hours on
+2 cores; results.json is written after each run) and `peers` (attn's fine-tuning step and
+serving against PyTorch, torch.compile, ONNX Runtime and transformers' Flax BERT on one
+checkpoint, in a venv with requirements-peers.txt; tens of minutes) run only when named.
+`device` is for a GPU or TPU (`benchmarks/device.py`): it writes `<out>/device.json` instead of a
+section of results.json.
 
 Writes `<out>/results.json` (sections not run keep their previous results), `<out>/REPORT.md`
 with every target stated as met or missed, and PNG plots; prints a table per section.
@@ -42,6 +46,7 @@ from benchmarks import (
     imdb,
     lra,
     multihost,
+    peers,
     report,
     train_step,
 )
@@ -67,6 +72,7 @@ SECTIONS = {
         save=lambda sec: _save_section(fv.out, "finetune", sec),
         imdb_path=fv.imdb_path,
     ),
+    "peers": lambda fv, prev: peers.run(fv.quick, fv.bert_dir),
 }
 ALL = ("attention", "train", "accuracy")
 
@@ -93,7 +99,8 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string(
         "bert_dir",
         "",
-        "`bert`: a BERT model directory to check numerics on; `finetune`: the one to tune.",
+        "`bert`: a BERT model directory to check numerics on; `finetune`: the one to tune; "
+        "`peers`: the one every framework loads.",
         flag_values=fv,
     )
     flags.DEFINE_string(

@@ -338,6 +338,61 @@ def speed(r: dict) -> str:
     )
 
 
+def _peer_names(sec: dict) -> list[str]:
+    """The peers that were timed, in the section's order."""
+    return [n for n in sec["sides"] if n != "attn"]
+
+
+def _ratio_cell(x: dict | None, seconds: str = ".3f") -> str:
+    """attn / peer in bold, its quartiles over rounds, the peer's median seconds."""
+    if x is None or "ratio" not in x:
+        return "n/a" if x is None else x.get("skipped", "n/a")
+    q = x.get("ratio_quartiles")
+    spread = f" [{q[0]:.2f}, {q[1]:.2f}]" if q else ""
+    return f"**{x['ratio']:.2f}**{spread}, {x['median_s']:{seconds}} s"
+
+
+def peers_table(sec: dict) -> str:
+    """The peers section's ratios attn / peer per task and shape (< 1: attn faster), with their
+    quartiles over rounds and the peer's median seconds."""
+    names = _peer_names(sec)
+    rows = [["task", "batch × L", "attn", *names], ["---"] * (3 + len(names))]
+    for task, r in [("fine-tuning step", x) for x in sec["train"]] + [("serving", sec["serve"])]:
+        rows.append(
+            [task, f"{r['batch']} × {r['L']}", f"{r['attn']['median_s']:.3f} s"]
+            + [_ratio_cell(r.get(n)) for n in names]
+        )
+    cold = sec["cold_start"]
+    if "median_s" in cold.get("attn", {}):
+        b, length = cold["shape"]
+        rows.append(
+            ["cold start (new process)", f"{b} × {length}", f"{cold['attn']['median_s']:.1f} s"]
+            + [_ratio_cell(cold.get(n), ".1f") for n in names]
+        )
+    return "\n".join("| " + " | ".join(row) + " |" for row in rows)
+
+
+def peers(r: dict) -> str:
+    """One line per peer: attn's time over the peer's, fine-tuning and serving."""
+    sec = r["peers"]
+    lines = []
+    for name in _peer_names(sec):
+        train = [x[name]["ratio"] for x in sec["train"] if name in x]
+        shapes = " / ".join(f"{x['batch']}×{x['L']}" for x in sec["train"] if name in x)
+        parts = []
+        if train:
+            parts.append(
+                "fine-tuning step " + " / ".join(f"{x:.2f}" for x in train) + f" at {shapes}"
+            )
+        if name in sec["serve"]:
+            s = sec["serve"]
+            parts.append(f"serving {s[name]['ratio']:.2f} at {s['batch']}×{s['L']}")
+        if "ratio" in sec["cold_start"].get(name, {}):
+            parts.append(f"cold start {sec['cold_start'][name]['ratio']:.2f}")
+        lines.append(f"- attn / {name}: " + "; ".join(parts) + ".")
+    return "\n".join(lines)
+
+
 # Inline facts, for prose that names one number of a table rendered elsewhere.
 FACTS: dict[str, Callable[[dict], str]] = {
     "default-seeds": lambda r: _seed_list(_seeds(r["accuracy"]["seeds"])),
@@ -395,6 +450,7 @@ RENDER: dict[str, Callable[[dict], str]] = {
     "finetune-headline": finetune_headline,
     "finetune-verdict": finetune_verdict,
     "finetune-imdb": lambda r: finetune_imdb(r["finetune"]),
+    "peers": peers,
     **FACTS,
 }
 
