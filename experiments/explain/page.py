@@ -9,6 +9,7 @@ import io
 
 import numpy as np
 
+from attn import scores
 from experiments.data import chosen
 from experiments.explain import plots, step_plots
 
@@ -77,7 +78,9 @@ def _table(
     )
 
 
-def _steps(h: step_plots.Head, *, heading: str, score: str, query: int, x_title: str) -> str:
+def _steps(
+    h: step_plots.Head, *, heading: str, score: str | scores.Score, query: int, x_title: str
+) -> str:
     length, d_model = h.x_LxD.shape
     d_head = h.q_LxK.shape[1]
     raw_title, scaled_title = step_plots.score_titles(score, d_head)
@@ -163,12 +166,12 @@ def write(
     shade_meaning: str,
     steps: step_plots.Head,
     steps_heading: str,
-    score: str,
+    score: str | scores.Score,
     query: int,
     x_title: str,
 ) -> str:
     """rows are (caption, tokens, received_L, `ranking.explain`'s dict) per text; `steps` is the
-    first text's head."""
+    first text's head, `score` its score (`step_plots.score_titles`)."""
     parts = [
         "<!doctype html><meta charset='utf-8'><title>attention</title>",
         f"<style>{_STYLE}</style>",
