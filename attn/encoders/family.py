@@ -48,6 +48,8 @@ class Family:
       token's state when it has none.
     score: the name of the score its attention computes (`attn.scores`), for figures.
     steps_input(config, layer) -> what X is in the step-by-step figure of `layer`.
+    unsupported: `attn.attention` implementations its attention cannot run in -> why, in words
+      (none by default); `attn.encoder_classifier.Config` refuses them in one line.
     """
 
     name: str
@@ -65,6 +67,7 @@ class Family:
     pool: Callable[[dict, Any], Any]
     score: str
     steps_input: Callable[[Any, int], str]
+    unsupported: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
 
 
 def first_layers(params: dict, cfg: Any, n: int) -> tuple[dict, Any]:
