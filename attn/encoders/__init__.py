@@ -20,7 +20,7 @@ from typing import Any
 import jax
 
 from attn.attention import attention
-from attn.encoders import bert, hub
+from attn.encoders import bert, deberta, hub
 from attn.encoders.family import Family, first_layers
 from attn.encoders.hub import CheckpointError, Rule, param_count
 
@@ -38,7 +38,7 @@ __all__ = [
     "param_count",
 ]
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (bert.FAMILY,)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (bert.FAMILY, deberta.FAMILY)}
 _BY_CONFIG = {f.config: f for f in FAMILIES.values()}
 _BY_MODEL_TYPE = {t: f for f in FAMILIES.values() for t in f.model_types}
 # Legacy LayerNorm names of older checkpoints, read as today's.
