@@ -7,20 +7,15 @@ import dataclasses
 import os
 from typing import Any
 
-import jax
 import ml_collections
 import numpy as np
 
 from attn import models
-from experiments import workdirs
+from experiments import workdir_reader
 from experiments.data import encoding, scripts, tokenizers
 from experiments.data.tokenizers import CLS
 from experiments.errors import UserError
 from experiments.training import checkpoints
-
-# Shapes only: init runs under jax.eval_shape. Not a key made at import, which would start JAX's
-# backend before a process of several can join the others.
-KEY = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,40 +35,21 @@ def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
 
     Only the weights are read: no optimizer or train state is built.
     """
-    if not os.path.isdir(workdir):
-        raise UserError(f"workdir {workdir!r} does not exist; train first with experiments.train")
-    config_path = os.path.join(workdir, "config.json")
-    if not os.path.exists(config_path):
-        raise UserError(f"{workdir!r} has no config.json; is it a training workdir?")
-    config = workdirs.read_config(config_path)
-    which, step = checkpoints.kept(workdir, which)
-    if step is None:
-        raise UserError(f"{workdir!r} holds no checkpoint yet; train (or resume) first")
-    with checkpoints.reader(workdir, which) as mngr:
-        meta = checkpoints.read_meta(mngr, step)
-        if meta.get("objective") == checkpoints.MASKED_LM:
-            raise UserError(
-                f"{workdir!r} is a pretraining workdir: it predicts hidden tokens, not labels; "
-                f"fine-tune it first with experiments.train --config.model.init_from={workdir}"
-            )
-        cfg = model_config(meta, f"checkpoint {step} in {workdir!r}")
-        tok = tokenizers.load_tokenizer(workdir)
-        rows = models.vocab_rows(cfg)
-        if tok.vocab_size > rows or (tok.vocab_size != rows and models.exact_vocabulary(cfg)):
-            raise UserError(
-                f"vocabulary in {workdir!r} has {tok.vocab_size} ids but the checkpoint expects "
-                f"{rows}; the workdir is inconsistent"
-            )
-        # Only the weights to serve: the weight average when the run kept one.
-        served = "ema" if meta.get("ema", False) else "params"
-        init = models.module(cfg).init
-        target = {served: jax.eval_shape(lambda key: init(key, cfg), KEY)}
-        state, _ = checkpoints.restore(mngr, step, target, partial=True)
-    source = _describe(workdir, which, step, meta)
-    scripts_path = os.path.join(workdir, scripts.SCRIPTS_FILE)
-    shares = workdirs.read_json(scripts_path) if os.path.exists(scripts_path) else None
+    held = workdir_reader.read(workdir, which)
+    if held.objective == checkpoints.MASKED_LM:
+        raise UserError(
+            f"{workdir!r} is a pretraining workdir: it predicts hidden tokens, not labels; "
+            f"fine-tune it first with experiments.train --config.model.init_from={workdir}"
+        )
     return Trained(
-        config, cfg, state[served], tok, tuple(meta["label_names"]), step, source, shares
+        held.config,
+        held.cfg,
+        held.weights(),
+        held.tokenizer,
+        held.label_names,
+        held.step,
+        _describe(held),
+        held.scripts,
     )
 
 
@@ -85,17 +61,16 @@ def framing_ids(trained: Trained) -> np.ndarray:
     return np.array(sorted({tokenizers.PAD, *around}), np.int32)
 
 
-def _describe(workdir: str, which: str, step: int, meta: dict) -> str:
+def _describe(held: workdir_reader.Workdir) -> str:
     """E.g. "the best checkpoint (step 60, validation accuracy 0.8125) of runs/x; training has not
     finished (last checkpoint: step 100)": a half-trained workdir answers, but says so."""
-    if which == checkpoints.BEST:
-        what = f"the best checkpoint (step {step}, validation accuracy "
-        what += f"{meta['best_val_accuracy']:.4f})"
-    else:
-        what = f"the last checkpoint (step {step})"
-    what += f" of {workdir}"
-    if not os.path.exists(os.path.join(workdir, "eval_test.json")):  # written when training ends
-        last = checkpoints.latest_step(workdir, checkpoints.LAST)
+    what = held.describe()
+    if held.which == checkpoints.BEST:
+        accuracy = held.meta["best_val_accuracy"]
+        what = f"the best checkpoint (step {held.step}, validation accuracy {accuracy:.4f}) of "
+        what += held.workdir
+    if not os.path.exists(os.path.join(held.workdir, "eval_test.json")):  # written when it ends
+        last = checkpoints.latest_step(held.workdir, checkpoints.LAST)
         what += "; training has not finished"
         what += f" (last checkpoint: step {last})" if last is not None else ""
     return what
@@ -183,12 +158,3 @@ def _part_read(keep: int, tail_len: int) -> str:
     if not tail_len:
         return f"the first {head}"
     return f"the first {head} and last {tail_len}" if head else f"the last {tail_len}"
-
-
-def model_config(meta: dict, where: str) -> models.AnyConfig:
-    """The model config a checkpoint's meta records (of its family); UserError (naming `where`)
-    if unusable."""
-    try:
-        return models.config(checkpoints.family_of(meta), meta["model"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise UserError(f"{where} has an unusable model config: {e}") from None

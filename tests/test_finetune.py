@@ -28,7 +28,7 @@ from conftest import (
 
 from attn import bert, encoder_classifier
 from configs import finetune as finetune_config
-from experiments import cli, evaluate, parallel, predict, serving, train
+from experiments import cli, evaluate, parallel, predict, serving, train, workdir_reader
 from experiments.data import checkpoint_tokenizer, chosen, encoding, tokenizers
 from experiments.errors import UserError
 from experiments.explain import faithfulness, maps, ranking
@@ -539,7 +539,7 @@ def test_a_fine_tunes_checkpoint_from_before_the_bag_still_resumes(csv):
     bagged = finetune.model_config(_config(csv, model__bag_buckets=64), enc, 2)
     bag_meta = checkpoints.new_meta(bagged, ["n", "p"], ema=False)
     assert checkpoints._run_fields(bag_meta) != checkpoints._run_fields(old)
-    assert serving.model_config(old, "old") == finetune.model_config(_config(csv), enc, 2)
+    assert workdir_reader.model_config(old, "old") == finetune.model_config(_config(csv), enc, 2)
 
 
 def test_a_weight_averaged_fine_tune_is_served_and_resumed_as_trained(csv, tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ import tomllib
 
 ROOT = pathlib.Path(__file__).parent.parent
 # experiments/'s top level: the commands and these modules they share; the rest sit in rooms.
-SHARED = {"cli", "errors", "fields", "parallel", "serving", "workdirs"}
+SHARED = {"cli", "errors", "fields", "parallel", "serving", "workdir_reader", "workdirs"}
 
 
 def test_readme_python_example_runs():

@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 
 from attn import models
-from experiments import parallel, workdirs
+from experiments import parallel, workdir_reader, workdirs
 from experiments.data import batching, chosen, tokenizers
 from experiments.training import loop, optim, warm_start
 
@@ -31,7 +31,7 @@ class Start:
 
     config: ml_collections.ConfigDict  # the source's tokenizer adopted, data-chosen fields filled
     said: str  # what was chosen from the data, for the user ("" = nothing)
-    src: warm_start.Source | None  # the workdir whose encoder and tokenizer the run starts from
+    src: workdir_reader.Workdir | None  # whose encoder and tokenizer the run starts from
     dp: parallel.DataParallel
 
 
