@@ -23,7 +23,7 @@ from conftest import (
 from experiments import train
 from experiments.data import datasets, tokenizers, unlabeled
 from experiments.errors import UserError
-from experiments.training import checkpoints, loop, masked_tokens, warm_start
+from experiments.training import checkpoints, loop, masked_tokens, pipeline, warm_start
 
 
 def _best_step(workdir: str) -> int:
@@ -247,7 +247,7 @@ def test_pretraining_reads_its_tokenizer_from_all_its_texts(tfds_dir, tmp_path):
     config.unlock()
     config.pretrain.eval_every_steps = config.pretrain.checkpoint_every_steps = 1
     workdir = str(tmp_path / "p")
-    masked_tokens.pretrain(config, workdir)
+    pipeline.pretrain(config, workdir)
     assert "齉" in tokenizers.load_tokenizer(workdir).vocab
 
 

@@ -1,5 +1,5 @@
-"""One run setup for every objective: what `classify` and `masked_tokens` share before and around
-the train loop.
+"""One run setup for every objective: what the runs of `classify` and `masked_tokens` (`pipeline`)
+share before and around the train loop.
 
 `start` checks the workdir, reads what the run starts from (`model.init_from`) and fills what the
 config leaves to the data; the objective then reads its data and describes itself as a `Task`;
