@@ -1,35 +1,33 @@
-"""The train loop on a fake objective, without a model or data: it keeps the best evaluation and
-the last checkpoints, stops early after `patience` stale evaluations (and a rerun does not train
-on), reads each step's metrics only after the next step is dispatched, and resumes a run that
-died to exactly the state an uninterrupted run reaches."""
+"""The train loop on a fake objective and a schedule value, without a model, data or config: it
+keeps the best evaluation and the last checkpoints, stops early after `patience` stale
+evaluations (and a rerun does not train on), reads each step's metrics only after the next step
+is dispatched, and resumes a run that died to exactly the state an uninterrupted run reaches."""
 
 import os
 
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
 from attn import classifier
 from experiments import parallel
-from experiments.training import checkpoints, loop, metrics
+from experiments.training import checkpoints, loop, metrics, schedule
 
 CFG = classifier.ModelConfig(vocab_size=8, num_classes=2, max_len=8, d_model=8, num_heads=2, d_ff=8)
 BATCH = 8
 
 
-def _config(patience: int = 0) -> ml_collections.ConfigDict:
-    return ml_collections.ConfigDict(
-        {
-            "train": {
-                "keep_checkpoints": 2,
-                "eval_every_steps": 3,
-                "checkpoint_every_steps": 3,
-                "log_every_steps": 1,
-                "patience": patience,
-            },
-            "optim": {"max_nonfinite": 5},
-        }
+def _schedule(total_steps: int, patience: int = 0) -> schedule.Schedule:
+    return schedule.Schedule(
+        total_steps=total_steps,
+        learning_rate=1.0,
+        warmup_steps=0,
+        eval_every_steps=3,
+        checkpoint_every_steps=3,
+        log_every_steps=1,
+        keep_checkpoints=2,
+        patience=patience,
+        max_nonfinite=5,
     )
 
 
@@ -47,9 +45,8 @@ class Fake:
         return loop.run(
             loop.Run(
                 workdir=self.workdir,
-                config=_config(patience),
+                schedule=_schedule(total_steps, patience),
                 dp=parallel.data_parallel({"batch_size": BATCH, "eval_batch_size": BATCH}),
-                total_steps=total_steps,
                 meta=checkpoints.new_meta(CFG, [], ema=False),
                 init_state=lambda fresh: {"w": jnp.float32(0), "step": jnp.int32(0)},
                 step=self.step,

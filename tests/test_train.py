@@ -6,7 +6,6 @@ import os
 import re
 
 import jax
-import ml_collections
 import numpy as np
 import pytest
 from conftest import (
@@ -24,7 +23,7 @@ from experiments import evaluate, parallel, predict, serving, train, visualize, 
 from experiments.data import encoding, tokenizers
 from experiments.errors import UserError
 from experiments.explain import maps
-from experiments.training import bag_prior, checkpoints, classify, loop, metrics
+from experiments.training import bag_prior, checkpoints, classify, loop, metrics, schedule
 
 EVAL_KEYS = {"accuracy", "macro_f1", "loss", "confusion", "num_examples"}
 
@@ -46,7 +45,6 @@ def test_the_expected_time_weighs_each_batch_shape_by_how_often_it_comes():
 
 
 def test_the_expected_time_times_every_batch_shape_of_the_run():
-    config = ml_collections.ConfigDict({"train": {"eval_every_steps": 10}})
     shapes = []
 
     def step(state, batch):
@@ -59,9 +57,18 @@ def test_the_expected_time_times_every_batch_shape_of_the_run():
 
     r = loop.Run(
         workdir="",
-        config=config,
+        schedule=schedule.Schedule(
+            total_steps=70,
+            learning_rate=1.0,
+            warmup_steps=0,
+            eval_every_steps=10,
+            checkpoint_every_steps=10,
+            log_every_steps=10,
+            keep_checkpoints=1,
+            patience=0,
+            max_nonfinite=1,
+        ),
         dp=parallel.data_parallel({"batch_size": 4, "eval_batch_size": 4}),
-        total_steps=70,
         meta={},
         init_state=lambda fresh: None,
         step=step,

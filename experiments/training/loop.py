@@ -19,7 +19,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
@@ -28,16 +27,16 @@ from experiments.data import batching
 from experiments.errors import UserError
 from experiments.training import checkpoints, metrics, progress
 from experiments.training.checkpoints import BEST, LAST
+from experiments.training.schedule import Schedule
 
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """One run of an objective in `workdir`, with its resolved `config`."""
+    """One run of an objective in `workdir` on its `schedule`."""
 
     workdir: str
-    config: ml_collections.ConfigDict
+    schedule: Schedule
     dp: parallel.DataParallel
-    total_steps: int
     meta: dict  # `checkpoints.new_meta` of this run: what a checkpoint must match to resume
     init_state: Callable[[bool], Any]  # fresh start? -> the starting state, on the host
     step: Callable[[Any, dict], tuple[Any, dict]]  # (state, batch) -> (state, metrics); donates
@@ -49,7 +48,7 @@ class Run:
 
 def run(r: Run) -> Any:
     """Trains `r` to its last step or its early stop; returns the best state (restored)."""
-    t = r.config.train
+    t = r.schedule
     with (
         checkpoints.writer(r.workdir, LAST, t.keep_checkpoints) as last,
         checkpoints.writer(r.workdir, BEST, 1) as best,
@@ -63,10 +62,10 @@ def run(r: Run) -> Any:
         if parallel.is_primary():
             if start:
                 # A finished or early-stopped run only evaluates again: say so, not "resuming".
-                done = meta.get("stopped_early") or start >= r.total_steps
-                why = " (it stopped early there, train.patience)" if start < r.total_steps else ""
+                done = meta.get("stopped_early") or start >= t.total_steps
+                why = " (it stopped early there, train.patience)" if start < t.total_steps else ""
                 left = f"; nothing left to train{why}" if done else ""
-                print(f"resuming from step {start} of {r.total_steps}{left}", file=sys.stderr)
+                print(f"resuming from step {start} of {t.total_steps}{left}", file=sys.stderr)
             # Only now, every check passed: a refused run leaves no config or vocabulary behind.
             r.write_run_files()
         if not meta.get("stopped_early"):
@@ -94,7 +93,7 @@ def _expected_time(r: Run, state: Any, start: int) -> str | None:
     batches missed them and promised half the real time. So the mix of shapes comes from the
     next batches (host arrays, cheap), and one batch of each shape is timed on a copy of the state,
     compiled first as the run would compile it. None for a run with few steps left."""
-    left = r.total_steps - start
+    left = r.schedule.total_steps - start
     if left < PROBE_MIN_STEPS:
         return None
     counts: collections.Counter = collections.Counter()
@@ -113,7 +112,7 @@ def _expected_time(r: Run, state: Any, start: int) -> str | None:
             jax.block_until_ready(r.step(copy, batch))
             if timed:
                 seconds[shape].append(time.perf_counter() - tic)
-    return expected_time(counts, seconds, left, left // r.config.train.eval_every_steps)
+    return expected_time(counts, seconds, left, left // r.schedule.eval_every_steps)
 
 
 def expected_time(
@@ -150,17 +149,15 @@ def _duration_range(low: float, high: float) -> str:
 
 
 def _steps(r: Run, state: Any, meta: dict, start: int, last, best) -> None:
-    t = r.config.train
-    with progress.Progress(
-        r.workdir, r.config, start, r.total_steps, last.latest_step, r.label
-    ) as prog:
+    t = r.schedule
+    with progress.Progress(r.workdir, t, start, last.latest_step, r.label) as prog:
         batches = prog.timed(batching.prefetch(r.batches(start)))
-        for step, batch in zip(range(start + 1, r.total_steps + 1), batches, strict=False):
+        for step, batch in zip(range(start + 1, t.total_steps + 1), batches, strict=False):
             state, m = r.step(state, r.dp.put(batch))
             prog.push(step, m)  # reads the previous step's metrics, not this one's
             meta["step"] = step
-            evaluating = step % t.eval_every_steps == 0 or step == r.total_steps
-            saving = step % t.checkpoint_every_steps == 0 or step == r.total_steps
+            evaluating = step % t.eval_every_steps == 0 or step == t.total_steps
+            saving = step % t.checkpoint_every_steps == 0 or step == t.total_steps
             if evaluating or saving:
                 prog.flush()
             if evaluating:

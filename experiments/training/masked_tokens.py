@@ -18,32 +18,10 @@ import optax
 
 from attn import classifier, masked_lm
 from experiments import fields, parallel
-from experiments.errors import UserError
 from experiments.training import loop, optim
 
 HEAD = "mlm"
 LABEL = "masked-token"  # what this objective's accuracy and loss are of
-
-
-def loop_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """`config` as the train loop reads it for pretraining: config.pretrain's schedule in place of
-    config.train's and config.optim's, and no early stop (more pretraining does not hurt)."""
-    p = config.pretrain
-    if not (p.num_epochs or p.max_steps):
-        raise UserError(
-            "config.pretrain.num_epochs and max_steps are 0: set how long to pretrain, e.g. "
-            "--config.pretrain.num_epochs=10"
-        )
-    out = ml_collections.ConfigDict(config.to_dict())
-    out.train.update(
-        num_epochs=p.num_epochs,
-        max_steps=p.max_steps,
-        eval_every_steps=p.eval_every_steps,
-        checkpoint_every_steps=p.checkpoint_every_steps,
-        patience=0,
-    )
-    out.optim.update(learning_rate=p.learning_rate, warmup_steps=p.warmup_steps)
-    return out
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> classifier.ModelConfig:

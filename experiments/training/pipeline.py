@@ -27,6 +27,7 @@ from experiments.training import (
     finetune,
     masked_tokens,
     optim,
+    schedule,
     setup,
     warm_start,
 )
@@ -43,7 +44,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     fields.check(config)
     start_from = config.model.init_from
     if pretraining_requested(config):
-        masked_tokens.loop_config(config)  # how long to pretrain: checked before any data is read
+        schedule.check_pretraining(config)  # how long to pretrain: before any data is read
         if not start_from:
             start_from = os.path.join(workdir, "pretrain")
             workdirs.check_writable(workdir)
@@ -111,7 +112,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         warm=finetune.warm if pre and not pre.random else None,
         lr_scales=finetune.layer_scales(pre.encoder.num_layers, o.layer_decay) if pre else None,
     )
-    best_state = setup.train(s, task, workdir)
+    best_state = setup.train(s, task, workdir, schedule.training(config, len(train.ids)))
     result = split_metrics(best_state, test, desc=f"test (step {int(best_state['step'])})")
     result["step"] = int(best_state["step"])
     result["label_names"] = list(data.label_names)  # as evaluate's files have them
@@ -142,10 +143,9 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict:
     built from all of them (or is model.init_from's, or the workdir's on resume).
     """
     fields.check(config)  # the config's own mistakes first, before any data is read
-    masked_tokens.loop_config(config)  # and how long to pretrain
+    schedule.check_pretraining(config)  # and how long to pretrain
     s = setup.start(config, workdir)
     config, d, p = s.config, s.config.data, s.config.pretrain
-    schedule = masked_tokens.loop_config(config)
     texts = unlabeled.load(d)
     tok = s.src.tokenizer if s.src else encoding.tokenizer_for(d, texts.train, workdir)
     add_cls = config.model.pooling == "cls"
@@ -155,7 +155,7 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict:
         )
         for part in (texts.train, texts.validation)
     )
-    cfg = masked_tokens.model_config(schedule, tok.vocab_size)
+    cfg = masked_tokens.model_config(config, tok.vocab_size)
     k = masked_tokens.predicted(config, tok.vocab_size)
 
     def init_params(key: jax.Array, fresh: bool) -> dict:
@@ -199,7 +199,7 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict:
         label=masked_tokens.LABEL,
         summary=texts.summary,
     )
-    best_state = setup.train(s, task, workdir, schedule)
+    best_state = setup.train(s, task, workdir, schedule.pretraining(config, len(train_ids)))
     result = validate(best_state)
     result.update(step=int(best_state["step"]), texts=len(train_ids), sources=texts.summary)
     if parallel.is_primary():
