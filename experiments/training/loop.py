@@ -3,9 +3,10 @@ tokens) differ in their state, step, batches and validation, and share all else 
 
 What the loop does: resume from the newest complete checkpoint (or start fresh), step with each
 step's metrics read one step late, evaluate on validation and keep the best checkpoint
-(`metrics.improves`), save the last ones, stop early when validation has stopped improving
-(`config.train.patience`), and show the progress bar and log (`progress`). A rerun of a run that
-stopped early finds the stop in its last checkpoint and does not train on.
+(`metrics.improves`; its served weights alone), save the last ones with the optimizer's state,
+stop early when validation has stopped improving (the schedule's patience), and show the
+progress bar and log (`progress`). A rerun of a run that stopped early finds the stop in its last
+checkpoint and does not train on.
 """
 
 import collections
@@ -42,12 +43,16 @@ class Run:
     step: Callable[[Any, dict], tuple[Any, dict]]  # (state, batch) -> (state, metrics); donates
     batches: Callable[[int], Iterator[dict]]  # start step -> host batches from it on, no end
     evaluate: Callable[[Any], dict]  # state -> validation metrics, "accuracy" and "loss" among them
+    # state -> what the best checkpoint keeps of it: the weights that are served and the step, not
+    # the optimizer's state, which only resuming (from the last checkpoints) reads
+    served: Callable[[Any], Any]
     write_run_files: Callable[[], None]  # config.json and the tokenizer, once every check passed
     label: str = ""  # what the accuracy and loss are of, when not the labels
 
 
 def run(r: Run) -> Any:
-    """Trains `r` to its last step or its early stop; returns the best state (restored)."""
+    """Trains `r` to its last step or its early stop; returns the best checkpoint (restored):
+    what `r.served` keeps of its state."""
     t = r.schedule
     with (
         checkpoints.writer(r.workdir, LAST, t.keep_checkpoints) as last,
@@ -73,13 +78,17 @@ def run(r: Run) -> Any:
             if expected and parallel.is_primary():
                 print(expected, file=sys.stderr)
             _steps(r, state, meta, start, last, best)
-        if best.latest_step() is None:
-            raise UserError(
-                "no evaluation had a finite validation loss, so there is no best model; "
-                "lower config.optim.learning_rate"
-            )
-        best_state, _ = checkpoints.restore(best, best.latest_step(), state)
-    return best_state
+        best_step = best.latest_step()
+    if best_step is None:
+        raise UserError(
+            "no evaluation had a finite validation loss, so there is no best model; "
+            "lower config.optim.learning_rate"
+        )
+    # A reader's manager: the writer's, having saved, restores whole trees only. A best
+    # checkpoint written before it kept the served part alone holds the whole state.
+    with checkpoints.reader(r.workdir, BEST) as mngr:
+        kept, _ = checkpoints.restore(mngr, best_step, r.served(state), partial=True)
+    return kept
 
 
 PROBE_MIN_STEPS = 50  # a shorter run goes without the estimate
@@ -166,7 +175,7 @@ def _steps(r: Run, state: Any, meta: dict, start: int, last, best) -> None:
                 if metrics.improves(val, meta["best_val_accuracy"], meta.get("best_val_loss")):
                     meta.update(best_val_accuracy=val["accuracy"], best_val_loss=val["loss"])
                     meta["stale_evaluations"] = 0
-                    checkpoints.save(best, step, state, meta)
+                    checkpoints.save(best, step, r.served(state), meta)
                 else:
                     meta["stale_evaluations"] = meta.get("stale_evaluations", 0) + 1
                 if t.patience and meta["stale_evaluations"] >= t.patience:

@@ -142,7 +142,15 @@ def init_state(
 
 def eval_params(state: dict) -> Any:
     """The params to evaluate and serve: the running average when the state keeps one."""
-    return state.get("ema", state["params"])
+    return state["ema"] if "ema" in state else state["params"]
+
+
+def served(state: dict) -> dict:
+    """What a best checkpoint keeps of a train state: the weights to serve under their name in
+    the state ("ema" or "params", so a reader finds them where it finds a whole state's) and the
+    step; not the optimizer's moments or the raw params beside an average."""
+    name = "ema" if "ema" in state else "params"
+    return {name: state[name], "step": state["step"]}
 
 
 def _ema_update(ema: Any, params: Any, step: jax.Array, decay: float) -> Any:

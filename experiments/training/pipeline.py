@@ -112,9 +112,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         warm=finetune.warm if pre and not pre.random else None,
         lr_scales=finetune.layer_scales(pre.encoder.num_layers, o.layer_decay) if pre else None,
     )
-    best_state = setup.train(s, task, workdir, schedule.training(config, len(train.ids)))
-    result = split_metrics(best_state, test, desc=f"test (step {int(best_state['step'])})")
-    result["step"] = int(best_state["step"])
+    best = setup.train(s, task, workdir, schedule.training(config, len(train.ids)))
+    result = split_metrics(best, test, desc=f"test (step {int(best['step'])})")
+    result["step"] = int(best["step"])
     result["label_names"] = list(data.label_names)  # as evaluate's files have them
     primary = parallel.is_primary()
     if primary and config.train.baseline:
@@ -199,9 +199,9 @@ def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict:
         label=masked_tokens.LABEL,
         summary=texts.summary,
     )
-    best_state = setup.train(s, task, workdir, schedule.pretraining(config, len(train_ids)))
-    result = validate(best_state)
-    result.update(step=int(best_state["step"]), texts=len(train_ids), sources=texts.summary)
+    best = setup.train(s, task, workdir, schedule.pretraining(config, len(train_ids)))
+    result = validate(best)
+    result.update(step=int(best["step"]), texts=len(train_ids), sources=texts.summary)
     if parallel.is_primary():
         workdirs.write_json(os.path.join(workdir, PRETRAIN_RESULT), result)
         plots.plot_curves(workdir, label=masked_tokens.LABEL)

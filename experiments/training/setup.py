@@ -74,8 +74,8 @@ class Task:
 
 def train(s: Start, task: Task, workdir: str, sched: schedule.Schedule) -> Any:
     """Runs `task` in `workdir` to its end (resuming what is there) on schedule `sched`
-    (`schedule.training`'s, or pretraining's own); returns the best state. The run's config is
-    what config.json records."""
+    (`schedule.training`'s, or pretraining's own); returns the best checkpoint's served weights
+    and step (`optim.served`). The run's config is what config.json records."""
     config = s.config
     warm = task.warm or warm_start.warm_mask(config, s.src)
     tx = optim.make_optimizer(
@@ -127,6 +127,7 @@ def train(s: Start, task: Task, workdir: str, sched: schedule.Schedule) -> Any:
             step=step,
             batches=task.batches,
             evaluate=task.evaluate,
+            served=optim.served,
             write_run_files=write_run_files,
             label=task.label,
         )
