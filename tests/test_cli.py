@@ -427,3 +427,26 @@ def test_a_slow_xdist_worker_teardown_ends_without_a_traceback(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 passed" in proc.stdout
     assert "KeyboardInterrupt" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+def test_a_second_process_compiles_nothing_new(trained, tfds_dir, tmp_path):
+    """The commands keep compiled programs in the user's cache directory: a second train and
+    predict of the same shapes find every program there and write no new one."""
+    env = {
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "JAX_COMPILATION_CACHE_DIR": "",  # the tests' own cache off: the default place
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # every program, however quick
+    }
+    kept = tmp_path / "cache" / "attn" / "jax"
+    help_text = " ".join(run("experiments.predict", "--help", env=env).stdout.split())
+    assert f"Compiled programs are kept between runs in {kept} " in help_text
+    written = []
+    for n in range(2):
+        workdir = str(tmp_path / f"run{n}")
+        proc = run("experiments.train", *tiny_flags(tfds_dir), f"--workdir={workdir}", env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        proc = run("experiments.predict", f"--workdir={trained}", "很好看", "太差了", env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        written.append(sorted(os.listdir(kept)))
+    assert written[0] and written[1] == written[0]
+

@@ -12,7 +12,16 @@ import tomllib
 
 ROOT = pathlib.Path(__file__).parent.parent
 # experiments/'s top level: the commands and these modules they share; the rest sit in rooms.
-SHARED = {"cli", "errors", "fields", "parallel", "serving", "workdir_reader", "workdirs"}
+SHARED = {
+    "cli",
+    "compile_cache",
+    "errors",
+    "fields",
+    "parallel",
+    "serving",
+    "workdir_reader",
+    "workdirs",
+}
 
 
 def test_readme_python_example_runs():
