@@ -4,6 +4,7 @@ evaluations (and a rerun does not train on), reads each step's metrics only afte
 is dispatched, and resumes a run that died to exactly the state an uninterrupted run reaches."""
 
 import os
+import re
 
 import jax.numpy as jnp
 import numpy as np
@@ -40,6 +41,7 @@ class Fake:
     def __init__(self, workdir: str, accuracy: dict[int, float], die_at: int | None = None):
         self.workdir, self.accuracy, self.die_at = workdir, accuracy, die_at
         self.stepped: list[int] = []
+        self.compiled: list[int] = []  # the step from which a batch shape was compiled ahead
         self.logged_when_dispatched: dict[int, list[int]] = {}  # step -> train rows on disk then
         self.written = 0
 
@@ -52,6 +54,7 @@ class Fake:
                 meta=checkpoints.new_meta(CFG, [], ema=False),
                 init_state=lambda fresh: {"w": jnp.float32(0), "opt": 0 * STATE, "step": 0 * STEP},
                 step=self.step,
+                compile=lambda state, batch: self.compiled.append(int(state["step"])),
                 batches=self.batches,
                 evaluate=lambda state: {
                     "accuracy": self.accuracy[int(state["step"])],
@@ -64,12 +67,12 @@ class Fake:
 
     def batches(self, start: int):
         for step in range(start + 1, 10_000):
-            if step == self.die_at:
-                raise RuntimeError("the machine went away")
             yield {"x": np.full((BATCH,), step, np.float32)}
 
     def step(self, state, batch):
         step = int(state["step"]) + 1
+        if step == self.die_at:
+            raise RuntimeError("the machine went away")
         self.stepped.append(step)
         rows = metrics.read(self.workdir)
         self.logged_when_dispatched[step] = [r["step"] for r in rows if r["split"] == "train"]
@@ -183,3 +186,22 @@ def test_the_best_checkpoint_keeps_the_served_part_and_one_last_state_resumes(tm
     assert resumed.stepped == list(range(7, 13))
     again, _ = _restored(str(tmp_path / "died"), checkpoints.LAST, 12)
     assert (float(again["w"]), int(again["opt"])) == (float(state["w"]), 12)
+
+
+def test_a_run_compiles_its_batch_shapes_ahead_and_a_resumed_one_says_what_to_expect(
+    tmp_path, capsys
+):
+    accuracy = {step: 0.5 for step in range(3, 61, 3)}
+    died = Fake(str(tmp_path), accuracy, die_at=8)
+    with pytest.raises(RuntimeError, match="went away"):
+        died.run(total_steps=60)
+    assert died.compiled == [0]  # one shape, before the first step
+    assert "compiling 1 batch shape ... done in " in capsys.readouterr().err
+    resumed = Fake(str(tmp_path), accuracy)
+    resumed.run(total_steps=60)
+    err = capsys.readouterr().err
+    assert resumed.compiled == [6] and "resuming from step 6 of 60" in err
+    assert "compiling 1 batch shape ... done in " in err
+    assert re.search(
+        r"expected: .* for 54 steps .*compiled ahead in \d+ s\), plus 18 evaluations", err
+    )

@@ -46,7 +46,7 @@ def test_the_expected_time_weighs_each_batch_shape_by_how_often_it_comes():
 
 
 def test_the_expected_time_times_every_batch_shape_of_the_run():
-    shapes = []
+    shapes, compiled = [], []
 
     def step(state, batch):
         shapes.append(batch["tokens"].shape)
@@ -73,16 +73,22 @@ def test_the_expected_time_times_every_batch_shape_of_the_run():
         meta={},
         init_state=lambda fresh: None,
         step=step,
+        compile=lambda state, batch: compiled.append(batch["tokens"].shape),
         batches=batches,
         evaluate=lambda state: {},
         served=lambda state: state,
         write_run_files=lambda: None,
     )
-    line = loop._expected_time(r, {"w": jax.numpy.zeros(3)}, start=10)
+    state = {"w": jax.numpy.zeros(3)}
+    counts, first = loop._next_shapes(r, start=10)
+    assert counts == {(("tokens", (4, 16)),): 12, (("tokens", (4, 8)),): 48}
+    loop._compile_ahead(r, state, first)
+    assert sorted(compiled) == [(4, 8), (4, 16)] and not shapes  # compiled, nothing run
+    line = loop._expected_time(r, state, 10, counts, first, compiled_in=12.3)
     assert line.startswith("expected: ") and " for 60 steps " in line
-    assert line.endswith("over its 2 batch shapes), plus 6 evaluations")
-    assert sorted(shapes) == [(4, 8)] * 3 + [(4, 16)] * 3  # each compiled, then timed twice
-    assert loop._expected_time(r, {"w": jax.numpy.zeros(3)}, start=21) is None  # 49 steps left
+    assert line.endswith("over its 2 batch shapes, compiled ahead in 12 s), plus 6 evaluations")
+    assert sorted(shapes) == [(4, 8)] * 3 + [(4, 16)] * 3  # each run once, then timed twice
+    assert loop._expected_time(r, state, 21, counts, first, 0.0) is None  # 49 steps left
 
 
 def test_training_writes_checkpoints_metrics_and_test_results(trained):

@@ -41,6 +41,8 @@ class Run:
     meta: dict  # `checkpoints.new_meta` of this run: what a checkpoint must match to resume
     init_state: Callable[[bool], Any]  # fresh start? -> the starting state, on the host
     step: Callable[[Any, dict], tuple[Any, dict]]  # (state, batch) -> (state, metrics); donates
+    # (state, batch on the devices) -> compiles `step` for their shapes, running nothing
+    compile: Callable[[Any, dict], Any]
     batches: Callable[[int], Iterator[dict]]  # start step -> host batches from it on, no end
     evaluate: Callable[[Any], dict]  # state -> validation metrics, "accuracy" and "loss" among them
     # state -> what the best checkpoint keeps of it: the weights that are served and the step, not
@@ -74,9 +76,12 @@ def run(r: Run) -> Any:
             # Only now, every check passed: a refused run leaves no config or vocabulary behind.
             r.write_run_files()
         if not meta.get("stopped_early"):
-            expected = _expected_time(r, state, start)
-            if expected and parallel.is_primary():
-                print(expected, file=sys.stderr)
+            if start < t.total_steps:
+                counts, first = _next_shapes(r, start)
+                compiled = _compile_ahead(r, state, first)
+                expected = _expected_time(r, state, start, counts, first, compiled)
+                if expected and parallel.is_primary():
+                    print(expected, file=sys.stderr)
             _steps(r, state, meta, start, last, best)
         best_step = best.latest_step()
     if best_step is None:
@@ -92,25 +97,56 @@ def run(r: Run) -> Any:
 
 
 PROBE_MIN_STEPS = 50  # a shorter run goes without the estimate
-PROBE_SHAPES_FROM = 1000  # batches whose padded shapes give the mix the estimate weighs
-PROBE_REPEATS = 2  # timed steps per shape, after the one that compiles it
+PROBE_SHAPES_FROM = 1000  # batches whose padded shapes are compiled ahead and weighed
+PROBE_REPEATS = 2  # timed steps per shape, after one that runs it first
 
 
-def _expected_time(r: Run, state: Any, start: int) -> str | None:
-    """How long the steps left should take, measured before they start. A step's time depends on
-    its batch's padded length, and the few longest buckets cost the most: timing the next few
-    batches missed them and promised half the real time. So the mix of shapes comes from the
-    next batches (host arrays, cheap), and one batch of each shape is timed on a copy of the state,
-    compiled first as the run would compile it. None for a run with few steps left."""
-    left = r.schedule.total_steps - start
-    if left < PROBE_MIN_STEPS:
-        return None
+def _next_shapes(r: Run, start: int) -> tuple[collections.Counter, dict[tuple, dict]]:
+    """The padded shapes of the next batches (host arrays, cheap): how many of the next
+    PROBE_SHAPES_FROM come in each, and the first batch of each."""
     counts: collections.Counter = collections.Counter()
     first: dict[tuple, dict] = {}
+    left = r.schedule.total_steps - start
     for batch in itertools.islice(r.batches(start), min(left, PROBE_SHAPES_FROM)):
         shape = tuple(sorted((k, v.shape) for k, v in batch.items()))
         counts[shape] += 1
         first.setdefault(shape, batch)
+    return counts, first
+
+
+def _compile_ahead(r: Run, state: Any, first: Mapping[tuple, dict]) -> float:
+    """Compiles the step for each batch shape of `first` before the first step, saying so on
+    stderr, and returns the seconds it took. Compiled as they came, each new padded length
+    stopped the run in silence (up to 104 s of them after a fine-tune's first line); with the
+    persistent cache (`compile_cache`) a rerun reads them back instead."""
+    n = len(first)
+    if parallel.is_primary():
+        print(f"compiling {n} batch shape{'s' * (n != 1)} ...", end="", file=sys.stderr, flush=True)
+    tic = time.perf_counter()
+    for batch in first.values():
+        r.compile(state, r.dp.put(batch))
+    seconds = time.perf_counter() - tic
+    if parallel.is_primary():
+        print(f" done in {seconds:.0f} s", file=sys.stderr, flush=True)
+    return seconds
+
+
+def _expected_time(
+    r: Run,
+    state: Any,
+    start: int,
+    counts: Mapping[tuple, int],
+    first: Mapping[tuple, dict],
+    compiled_in: float,
+) -> str | None:
+    """How long the steps left should take, measured before they start. A step's time depends on
+    its batch's padded length, and the few longest buckets cost the most: timing the next few
+    batches missed them and promised half the real time. So the mix of shapes comes from the
+    next batches (`counts`), and the first batch of each shape (`first`), compiled, is run once
+    and then timed on a copy of the state. None for a run with few steps left."""
+    left = r.schedule.total_steps - start
+    if left < PROBE_MIN_STEPS:
+        return None
     seconds = {}
     for shape, batch in first.items():
         batch = r.dp.put(batch)
@@ -121,7 +157,8 @@ def _expected_time(r: Run, state: Any, start: int) -> str | None:
             jax.block_until_ready(r.step(copy, batch))
             if timed:
                 seconds[shape].append(time.perf_counter() - tic)
-    return expected_time(counts, seconds, left, left // r.schedule.eval_every_steps)
+    evaluations = left // r.schedule.eval_every_steps
+    return expected_time(counts, seconds, left, evaluations, compiled_in)
 
 
 def expected_time(
@@ -129,19 +166,22 @@ def expected_time(
     seconds: Mapping[Hashable, Sequence[float]],
     left: int,
     evaluations: int,
+    compiled_in: float | None = None,
 ) -> str:
     """The line that says what to expect: `left` steps whose batches come in shapes with these
     `counts`, each shape timed `seconds` (a few repeats), as a range: the fastest and the slowest
-    repeat of each shape, weighed by how often it comes. It holds while the machine stays as busy
-    as when it was measured; the progress bar's remaining time follows the real pace."""
+    repeat of each shape, weighed by how often it comes; and the seconds the shapes took to
+    compile ahead, when given. It holds while the machine stays as busy as when it was measured;
+    the progress bar's remaining time follows the real pace."""
     total = sum(counts.values())
     low, high = (
         sum(n * pick(seconds[shape]) for shape, n in counts.items()) / total for pick in (min, max)
     )
+    compiled = "" if compiled_in is None else f", compiled ahead in {compiled_in:.0f} s"
     return (
         f"expected: {_duration_range(low * left, high * left)} for {left:,} steps at the machine's "
-        f"present load ({low:.2f}-{high:.2f} s a step over its {len(counts)} batch shapes), plus "
-        f"{evaluations} evaluations"
+        f"present load ({low:.2f}-{high:.2f} s a step over its {len(counts)} batch shapes"
+        f"{compiled}), plus {evaluations} evaluations"
     )
 
 

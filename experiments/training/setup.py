@@ -125,6 +125,7 @@ def train(s: Start, task: Task, workdir: str, sched: schedule.Schedule) -> Any:
             meta=task.meta,
             init_state=init_state,
             step=step,
+            compile=lambda state, batch: step.lower(state, batch).compile(),
             batches=task.batches,
             evaluate=task.evaluate,
             served=optim.served,
