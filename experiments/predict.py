@@ -50,7 +50,8 @@ def predict_one(trained: serving.Trained, text: str, top: int) -> dict:
     about |= {"note": "; ".join(r.notes)} if r.notes else {}
     if not r.known_tokens:
         return {"label": None, "probability": None, "top_tokens": [], **about}
-    result = maps.analyse(trained.params, trained.cfg, ids_L, serving.encode_bag(trained, text))
+    bag_G = serving.encode_bag(trained, text)
+    result = maps.analyse(trained.params, trained.cfg, ids_L, bag_G, trained.config.data)
     probs_C, received_L = result["probs"], result["received"]
     text_L = np.flatnonzero(~np.isin(ids_L, serving.framing_ids(trained)))
     order = text_L[np.argsort(-received_L[text_L], kind="stable")][:top]

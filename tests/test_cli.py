@@ -16,6 +16,7 @@ from conftest import ROOT, assert_one_line_error, run, run_here, tiny_flags, tre
 
 from experiments import evaluate, predict, serving, workdirs
 from experiments.data import datasets, scripts
+from experiments.explain import maps
 
 
 def test_evaluate_predict_visualize_commands(trained_copy, capsys):
@@ -450,3 +451,17 @@ def test_a_second_process_compiles_nothing_new(trained, tfds_dir, tmp_path):
         written.append(sorted(os.listdir(kept)))
     assert written[0] and written[1] == written[0]
 
+
+def test_texts_of_one_bucket_share_one_compiled_predict(trained_copy):
+    """predict pads a text to its training bucket (configs/default.py:tiny has one, 64), so a new
+    text length compiles nothing; padded keys are masked, so the answer is the unpadded one up to
+    the order of float32 sums over at most 64 positions."""
+    trained = serving.load(trained_copy)
+    texts = ["质量" * 11 + "很好", "质量" * 13 + "太差了，不满意"]  # 23 and 34 tokens with CLS
+    compiled = maps._forward._cache_size()
+    answers = [predict.predict_one(trained, text, top=3) for text in texts]
+    assert maps._forward._cache_size() - compiled <= 1
+    for text, p in zip(texts, answers, strict=True):
+        ids_L = serving.encode(trained, text)
+        unpadded = maps.analyse(trained.params, trained.cfg, ids_L, None)["probs"].max()
+        assert p["probability"] == pytest.approx(float(unpadded), abs=1e-5)
