@@ -140,13 +140,17 @@ def test_an_answer_that_reads_less_than_it_seems_says_so(trained_copy, capsys):
     assert "note" not in predict.predict_one(trained, half, top=3)  # half unknown: no note
     p = predict.predict_one(trained, mostly, top=3)
     assert p["label"] in ("neg", "pos") and p["known_tokens"] == 1
+    assert [w for w, _ in p["top_tokens"]] == ["好"]  # never the unknown tokens
     assert p["note"] == (
         "mostly unknown: 3 of 4 tokens read are outside the vocabulary, so the answer rests on "
         "the other 1"
     )
     p = predict.predict_one(trained, long, top=3)
     assert (p["num_tokens"], p["text_tokens"]) == (64, 300)
-    assert p["note"] == "read the first 64 of 300 tokens"
+    assert p["note"] == (
+        "read only the first 64 of 300 tokens; the model reads no more: its learned positions "
+        "end at 64"
+    )
 
     stdin = "\n".join([half, mostly, long]).encode()
     for as_json in (False, True):
@@ -158,7 +162,8 @@ def test_an_answer_that_reads_less_than_it_seems_says_so(trained_copy, capsys):
         assert notes == [
             "note: text 2: mostly unknown: 3 of 4 tokens read are outside the vocabulary, so the "
             "answer rests on the other 1",
-            "note: text 3: read the first 64 of 300 tokens",
+            "note: text 3: read only the first 64 of 300 tokens; the model reads no more: its "
+            "learned positions end at 64",
         ]
         if as_json:
             answers = [json.loads(line) for line in proc.stdout.splitlines()]
@@ -166,9 +171,17 @@ def test_an_answer_that_reads_less_than_it_seems_says_so(trained_copy, capsys):
 
     proc = run_here("experiments.visualize", f"--workdir={trained_copy}", half, long, capsys=capsys)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.strip() == "note: text 2: read the first 64 of 300 tokens"
+    assert proc.stderr.strip() == "note: text 2: read only the first 64 of 300 tokens"
     with open(os.path.join(trained_copy, "visualize", "attention.html"), encoding="utf-8") as f:
-        assert "(read the first 64 of 300 tokens)" in f.read()
+        assert "(read only the first 64 of 300 tokens)" in f.read()
+    proc = run_here(
+        "experiments.predict", f"--workdir={trained_copy}", "--max_len=65", long, capsys=capsys
+    )
+    assert_one_line_error(
+        proc,
+        "--max_len=65: the model reads at most 64 tokens (its learned positions end there; to "
+        "read more, train with a longer data.max_len)",
+    )
 
 
 def test_a_cut_note_names_the_tail_and_what_the_bag_read(trained_copy):
@@ -178,14 +191,17 @@ def test_a_cut_note_names_the_tail_and_what_the_bag_read(trained_copy):
     with_tail = dataclasses.replace(trained, config=config)
     ids = serving.encode(with_tail, "好" * 300)
     assert serving.reading(with_tail, "好" * 300, ids).notes == [
-        "read the first 16 and last 48 of 300 tokens"
+        "read only the first 16 and last 48 of 300 tokens"
     ]
     with_bag = dataclasses.replace(with_tail, cfg=dataclasses.replace(trained.cfg, bag_buckets=64))
     assert serving.reading(with_bag, "好" * 300, ids).notes == [
-        "read the first 16 and last 48 of 300 tokens (its bag: the first 64 and last 192)"
+        "read only the first 16 and last 48 of 300 tokens (its bag: the first 64 and last 192)"
     ]
     assert serving.reading(with_bag, "好" * 200, ids).notes == [
-        "read the first 16 and last 48 of 200 tokens (its bag: all)"
+        "read only the first 16 and last 48 of 200 tokens (its bag: all)"
+    ]
+    assert serving.reading(with_tail, "好" * 100, ids).notes == [
+        "read the first 16 and last 48 of 100 tokens"  # more than half read: no "only"
     ]
 
 
