@@ -17,7 +17,7 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from experiments import fields, parallel, workdirs
+from experiments import compile_cache, fields, parallel, workdirs
 from experiments.errors import UserError
 from experiments.training import loop
 
@@ -72,8 +72,14 @@ def run(define_flags: Define, entry: Main, argv: Sequence[str]) -> int:
 
 
 def main(define_flags: Define, entry: Main) -> None:
-    """An entry point's `__main__`: absl's app.run (help flags, logging) with one-line errors."""
+    """An entry point's `__main__`: absl's app.run (help flags, logging) with one-line errors,
+    and compiled programs kept between runs (`compile_cache`)."""
     define_flags(flags.FLAGS)
+    compile_cache.enable()
+    # absl's --help prints the main module's docstring: every command's ends with where its
+    # compiled programs are kept.
+    command = sys.modules["__main__"]
+    command.__doc__ = (command.__doc__ or "") + compile_cache.help_text()
     rest: list[list[str]] = []
 
     def parse_or_exit(argv: list[str]) -> list[str]:

@@ -21,7 +21,7 @@ import time
 from absl import flags
 
 from experiments import cli, parallel
-from experiments.training import masked_tokens
+from experiments.training import pipeline
 
 
 def define_flags(fv: flags.FlagValues) -> None:
@@ -30,12 +30,12 @@ def define_flags(fv: flags.FlagValues) -> None:
 
 def main(fv: flags.FlagValues, argv: list[str]) -> None:
     start = time.perf_counter()
-    result = cli.run_in_workdir(fv, masked_tokens.pretrain)
+    result = cli.run_in_workdir(fv, pipeline.pretrain)
     if result is None:  # not process 0
         parallel.finish()  # process 0 writes on; the job ends when it is done
         return
     workdir = fv.workdir
-    curves = os.path.join(workdir, "curves.png")  # drawn by masked_tokens.pretrain
+    curves = os.path.join(workdir, "curves.png")  # drawn by pipeline.pretrain
     print(
         f"validation masked-token accuracy {result['accuracy']:.4f}  loss {result['loss']:.4f}  "
         f"({result['num_targets']} hidden tokens, best step {result['step']}, "

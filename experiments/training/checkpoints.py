@@ -2,7 +2,9 @@
 
 Layout of a workdir:
   checkpoints/<step>/{state,meta}   the last `keep` train states (params, optimizer, step, rng)
-  best/<step>/{state,meta}          the train state with the best validation accuracy so far
+  best/<step>/{state,meta}          of the state with the best validation accuracy so far, the
+                                    weights served and the step (`optim.served`; a workdir
+                                    written before it kept those alone holds the whole state)
   vocab.txt, tokenizer.json         the tokenizer the checkpoints were trained with
 Orbax writes each step into a temporary directory and renames it when complete, so a killed
 save leaves nothing that `latest_step` would pick.

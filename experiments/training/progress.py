@@ -8,13 +8,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 from tqdm import tqdm
 
 from experiments import parallel
 from experiments.errors import UserError
 from experiments.training import metrics
+from experiments.training.schedule import Schedule
 
 _END = object()
 
@@ -52,32 +52,32 @@ class Window:
 
 
 class Progress(contextlib.AbstractContextManager):
-    """Logs train steps `start + 1 ... total_steps` of a run in `workdir` (see `metrics.Log`);
-    `label` says what its accuracy and loss are of, when not labels (e.g. "masked-token").
+    """Logs train steps `start + 1 ... schedule.total_steps` of a run in `workdir` (see
+    `metrics.Log`); `label` says what its accuracy and loss are of, when not labels (e.g.
+    "masked-token").
 
     `push` hands over a step's metrics while they are still being computed; they are read when
     the next step has been dispatched, so the device never waits for the host. A log line every
-    config.train.log_every_steps; after config.optim.max_nonfinite consecutive skipped steps it
-    stops the run, naming the last good checkpoint, `last_good()`.
+    schedule.log_every_steps; after schedule.max_nonfinite consecutive skipped steps it stops the
+    run, naming the last good checkpoint, `last_good()`.
     """
 
     def __init__(
         self,
         workdir: str,
-        config: ml_collections.ConfigDict,
+        schedule: Schedule,
         start: int,
-        total_steps: int,
         last_good: Callable[[], int | None],
         label: str = "",
     ):
-        self.total_steps, self.last_good = total_steps, last_good
+        self.total_steps, self.last_good = schedule.total_steps, last_good
         self.label = f"{label} " if label else ""  # what the validation line's figures are of
-        self.log_every = config.train.log_every_steps
-        self.max_nonfinite = config.optim.max_nonfinite
+        self.log_every = schedule.log_every_steps
+        self.max_nonfinite = schedule.max_nonfinite
         primary = parallel.is_primary()
         self.log = metrics.Log(workdir, start) if primary else None
         self.bar = tqdm(
-            total=total_steps,
+            total=self.total_steps,
             initial=start,
             desc="train",
             unit="step",
