@@ -152,7 +152,7 @@ def _duration_range(low: float, high: float) -> str:
 def _steps(r: Run, state: Any, meta: dict, start: int, last, best) -> None:
     t = r.config.train
     with progress.Progress(
-        r.workdir, r.config, start, r.total_steps, last.latest_step, r.label
+        r.workdir, r.config, start, r.total_steps, last.latest_step, r.label, meta
     ) as prog:
         batches = prog.timed(batching.prefetch(r.batches(start)))
         for step, batch in zip(range(start + 1, r.total_steps + 1), batches, strict=False):
@@ -162,7 +162,7 @@ def _steps(r: Run, state: Any, meta: dict, start: int, last, best) -> None:
             evaluating = step % t.eval_every_steps == 0 or step == r.total_steps
             saving = step % t.checkpoint_every_steps == 0 or step == r.total_steps
             if evaluating or saving:
-                prog.flush()
+                prog.flush_into(meta)
             if evaluating:
                 val = r.evaluate(state)
                 prog.validation(step, val)
