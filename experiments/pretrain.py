@@ -22,8 +22,7 @@ import time
 import ml_collections
 from absl import flags
 
-from experiments import cli, parallel
-from experiments.data import checkpoint_tokenizer
+from experiments import cli, fields, parallel
 from experiments.errors import UserError
 from experiments.training import masked_tokens
 
@@ -35,7 +34,7 @@ def define_flags(fv: flags.FlagValues) -> None:
 def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict:
     """`masked_tokens.pretrain`, after refusing a checkpoint's encoder: the config's own checks
     would first ask how long to pretrain and then to start from configs/finetune.py."""
-    if config.model.get("pretrained") or config.data.tokenizer == checkpoint_tokenizer.KIND:
+    if fields.fine_tunes(config):
         raise UserError(
             "pretrain trains attn's own encoder on masked tokens; it does not pretrain a "
             "checkpoint's encoder (model.pretrained, configs/finetune.py), which comes "
