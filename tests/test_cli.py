@@ -4,6 +4,7 @@ resume also run as real processes."""
 
 import csv
 import dataclasses
+import importlib
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ import textwrap
 import pytest
 from conftest import ROOT, assert_one_line_error, run, run_here, tiny_flags, tree_hash
 
-from experiments import evaluate, predict, serving, workdirs
+from experiments import cli, evaluate, predict, serving, workdirs
 from experiments.data import datasets, scripts
 from experiments.explain import maps
 
@@ -481,3 +482,43 @@ def test_texts_of_one_bucket_share_one_compiled_predict(trained_copy):
         ids_L = serving.encode(trained, text)
         unpadded = maps.analyse(trained.params, trained.cfg, ids_L, None)["probs"].max()
         assert p["probability"] == pytest.approx(float(unpadded), abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "module, listed",
+    [
+        ("train", ["--config", "--workdir", "--print_config", "--num_processes"]),
+        ("pretrain", ["--config", "--workdir", "--num_processes"]),
+        ("evaluate", ["--workdir", "--split", "--num_processes"]),
+    ],
+)
+def test_help_lists_every_flag_of_the_command(module, listed):
+    # absl's --help lists the main module's key flags: those defined in experiments.cli and
+    # experiments.parallel were missing from train's, --config and --workdir among them.
+    from absl import flags
+
+    entry = importlib.import_module(f"experiments.{module}")
+    fv = flags.FlagValues()
+    cli.define_key_flags(entry.define_flags, fv, "the_command")
+    shown = fv.module_help("the_command")
+    for flag in listed:
+        assert f"  {flag}:" in shown or f"  --[no]{flag[2:]}:" in shown, shown
+
+
+def test_print_config_marks_what_a_checkpoint_decides(capsys):
+    # configs/finetune.py printed model.d_model = 64 and num_layers = 1, attn's own model's.
+    proc = run_here(
+        "experiments.train", "--config=configs/finetune.py", "--print_config", capsys=capsys
+    )
+    assert proc.returncode == 0, proc.stderr
+    values = {
+        name.strip(): value.strip()
+        for name, value in (line.split(" # ")[0].split(" = ") for line in proc.stdout.splitlines())
+    }
+    for name in ("model.d_model", "model.num_layers", "model.num_heads", "data.max_vocab"):
+        assert values[name] == "(the checkpoint's)", name
+    assert values["model.dropout"] == "0.1" and values["optim.learning_rate"] == "0.0001"
+    proc = run_here(
+        "experiments.train", "--config=configs/default.py", "--print_config", capsys=capsys
+    )
+    assert "(the checkpoint's)" not in proc.stdout

@@ -486,6 +486,21 @@ def test_the_length_is_chosen_in_the_checkpoints_tokens(csv):
     assert resolved.train.num_epochs == 4  # 30,000 / about 130 texts, at most 4
 
 
+def test_data_info_reads_the_checkpoints_tokenizer(csv, capsys):
+    # It used to pass config.data alone on, and then said model.pretrained was empty.
+    flags = ["--config=configs/finetune.py", f"--config.model.pretrained={TINY_BERT}"]
+    proc = run_here("experiments.data_info", *flags, f"--config.data.path={csv}", capsys=capsys)
+    assert proc.returncode == 0, proc.stderr
+    head, _, *rows = proc.stdout.splitlines()
+    assert "tokenizer pretrained  vocab_size 99  max_len 32" in head
+    # Each text is "the film <i> was <a> and <b>": 7 word pieces, the number tiny_bert's only
+    # [UNK] (its vocabulary has no digits), and [CLS] and [SEP] counted as max_len counts them.
+    assert [row.split()[0] for row in rows] == ["train", "validation", "test"]
+    for row in rows:
+        tokens, cut, unk = row.split()[-3:]
+        assert (tokens, cut, unk) == ("9/9/9/9", "0.0%", "14.29%"), row
+
+
 def test_what_fine_tuning_cannot_do_is_refused_in_one_line(csv, tmp_path, capsys):
     workdir = str(tmp_path / "w")
     for more, fragments in (

@@ -19,14 +19,16 @@ CFG = classifier.ModelConfig(vocab_size=8, num_classes=2, max_len=8, d_model=8, 
 BATCH = 8
 
 
-def _schedule(total_steps: int, patience: int = 0, keep: int = 2) -> schedule.Schedule:
+def _schedule(
+    total_steps: int, patience: int = 0, keep: int = 2, log_every: int = 1
+) -> schedule.Schedule:
     return schedule.Schedule(
         total_steps=total_steps,
         learning_rate=1.0,
         warmup_steps=0,
         eval_every_steps=3,
         checkpoint_every_steps=3,
-        log_every_steps=1,
+        log_every_steps=log_every,
         keep_checkpoints=keep,
         patience=patience,
         max_nonfinite=5,
@@ -45,11 +47,11 @@ class Fake:
         self.logged_when_dispatched: dict[int, list[int]] = {}  # step -> train rows on disk then
         self.written = 0
 
-    def run(self, total_steps: int, patience: int = 0, keep: int = 2):
+    def run(self, total_steps: int, patience: int = 0, keep: int = 2, log_every: int = 1):
         return loop.run(
             loop.Run(
                 workdir=self.workdir,
-                schedule=_schedule(total_steps, patience, keep),
+                schedule=_schedule(total_steps, patience, keep, log_every),
                 dp=parallel.data_parallel({"batch_size": BATCH, "eval_batch_size": BATCH}),
                 meta=checkpoints.new_meta(CFG, [], ema=False),
                 init_state=lambda fresh: {"w": jnp.float32(0), "opt": 0 * STATE, "step": 0 * STEP},
@@ -79,7 +81,7 @@ class Fake:
         new = {"w": state["w"] + batch["x"][0], "opt": state["opt"] + 1, "step": state["step"] + 1}
         m = {
             "loss": jnp.float32(0.5),
-            "loss_sum": jnp.float32(0.5 * BATCH),
+            "loss_sum": batch["x"][0] * BATCH,  # a mean loss of the step number: rows differ
             "correct": jnp.float32(BATCH / 2),
             "count": jnp.float32(BATCH),
             "grad_norm": jnp.float32(1.0),
@@ -205,3 +207,25 @@ def test_a_run_compiles_its_batch_shapes_ahead_and_a_resumed_one_says_what_to_ex
     assert re.search(
         r"expected: .* for 54 steps .*compiled ahead in \d+ s\), plus 18 evaluations", err
     )
+
+
+def test_a_resumed_runs_train_rows_average_the_same_steps(tmp_path):
+    # Logged every 5 steps and saved every 3: the step-10 row averages steps 6-10. A run resumed
+    # from step 6 used to average only 7-10, the steps it had stepped itself.
+    whole = Fake(str(tmp_path / "whole"), ACCURACY)
+    whole.run(total_steps=12, log_every=5)
+    died = Fake(str(tmp_path / "died"), ACCURACY, die_at=8)
+    with pytest.raises(RuntimeError, match="went away"):
+        died.run(total_steps=12, log_every=5)
+    Fake(str(tmp_path / "died"), ACCURACY).run(total_steps=12, log_every=5)
+    wall_clock = ("examples_per_sec", "input_wait_fraction")
+    rows = {
+        w: [
+            {k: v for k, v in r.items() if k not in wall_clock}
+            for r in metrics.read(str(tmp_path / w))
+        ]
+        for w in ("whole", "died")
+    }
+    train = [(r["step"], r["loss"]) for r in rows["whole"] if r["split"] == "train"]
+    assert train == [(5, 3.0), (10, 8.0), (12, 11.5)]
+    assert rows["died"] == rows["whole"]

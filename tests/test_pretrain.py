@@ -192,6 +192,27 @@ def test_refusals_name_the_field(case, pretrained, tfds_dir, tmp_path, capsys):
     assert not os.path.exists(workdir)  # a refused run leaves nothing behind
 
 
+@pytest.mark.parametrize(
+    "more",
+    [
+        [],
+        ["--config.model.pretrained=tests/data/bert/tiny_bert"],
+        ["--config.model.pretrained=tests/data/bert/tiny_bert", "--config.pretrain.max_steps=10"],
+    ],
+)
+def test_pretraining_a_checkpoints_encoder_is_refused_saying_what_to_run(more, tmp_path, capsys):
+    # It asked for pretrain.num_epochs first, then to start from configs/finetune.py, the config
+    # in use.
+    workdir = str(tmp_path / "run")
+    flags = ["--config=configs/finetune.py", f"--workdir={workdir}", *more]
+    proc = run_here("experiments.pretrain", *flags, capsys=capsys)
+    assert_one_line_error(
+        proc, "does not pretrain a checkpoint's encoder", "python -m experiments.train"
+    )
+    assert "start from configs/finetune.py" not in proc.stderr
+    assert not os.path.exists(workdir)
+
+
 def test_a_pretraining_workdir_does_not_answer_as_a_classifier(pretrained, capsys):
     proc = run_here("experiments.predict", f"--workdir={pretrained}", "很好", capsys=capsys)
     assert_one_line_error(proc, "is a pretraining workdir", "--config.model.init_from=")

@@ -236,17 +236,19 @@ def test_refused_run_leaves_no_vocabulary_then_a_new_config_builds_its_own(tfds_
 
 
 def test_a_rerun_with_other_label_names_names_that_field(tmp_path):
-    """Skipping a stray label also changes num_classes; the refusal names the data field the
-    user changed, not the model difference it causes."""
+    """Skipping a small class declared before also changes num_classes; the refusal names the
+    data field the user changed, not the model difference it causes."""
     rows = [f"review {i},{'pos' if i % 2 else 'neg'}" for i in range(200)] + ["review x,meh"]
     path = tmp_path / "r.csv"
     path.write_text("text,label\n" + "\n".join(rows) + "\n", encoding="utf-8")
     workdir = str(tmp_path / "run")
     config = tiny_config("", data__dataset="file", data__path=str(path), train__max_steps=1)
+    config.data.label_names = ("meh", "neg", "pos")
     train.train_and_evaluate(config, workdir)
     before = tree_hash(workdir)
     config.data.label_names = ("neg", "pos")
-    with pytest.raises(UserError, match=re.escape("data.label_names: workdir [] vs config")):
+    workdir_said = "data.label_names: workdir ['meh', 'neg', 'pos'] vs config"
+    with pytest.raises(UserError, match=re.escape(workdir_said)):
         train.train_and_evaluate(config, workdir)
     assert tree_hash(workdir) == before
 

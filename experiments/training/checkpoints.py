@@ -43,7 +43,8 @@ def new_meta(
 ) -> dict:
     """The meta of a new run: its objective, model family and config, whether its state holds a
     weight average ("ema"), its label names; the train loop keeps "step", "best_val_accuracy",
-    "best_val_loss" (None before any) and its early-stopping count up to date."""
+    "best_val_loss" (None before any), its early-stopping count and the sums of its unlogged
+    train steps (`progress.WINDOW`) up to date."""
     return {
         "objective": objective,
         "family": models.family(cfg),

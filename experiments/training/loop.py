@@ -199,7 +199,7 @@ def _duration_range(low: float, high: float) -> str:
 
 def _steps(r: Run, state: Any, meta: dict, start: int, last, best) -> None:
     t = r.schedule
-    with progress.Progress(r.workdir, t, start, last.latest_step, r.label) as prog:
+    with progress.Progress(r.workdir, t, start, last.latest_step, r.label, meta) as prog:
         batches = prog.timed(batching.prefetch(r.batches(start)))
         for step, batch in zip(range(start + 1, t.total_steps + 1), batches, strict=False):
             state, m = r.step(state, r.dp.put(batch))
@@ -208,7 +208,7 @@ def _steps(r: Run, state: Any, meta: dict, start: int, last, best) -> None:
             evaluating = step % t.eval_every_steps == 0 or step == t.total_steps
             saving = step % t.checkpoint_every_steps == 0 or step == t.total_steps
             if evaluating or saving:
-                prog.flush()
+                prog.flush_into(meta)
             if evaluating:
                 val = r.evaluate(state)
                 prog.validation(step, val)
