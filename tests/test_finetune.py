@@ -367,8 +367,8 @@ def test_layer_decay_and_the_linear_schedule():
     }
     assert got["head"] == {"w": 1.0} and finetune.layer_scales(2, 1.0) is None
     config = finetune_config.get_config("tiny")
-    schedule = optim._schedule(config.optim, warmup=2, total=10)
     lr = config.optim.learning_rate
+    schedule = optim._schedule(config.optim, lr, warmup=2, total=10)
     assert [float(schedule(s)) for s in (0, 2, 6, 10)] == pytest.approx([0.0, lr, lr / 2, 0.0])
 
 
