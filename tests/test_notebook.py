@@ -14,6 +14,7 @@ import pytest
 from conftest import ROOT
 
 NOTEBOOK = ROOT / "experiments" / "colab.ipynb"
+TINY_BERT = ROOT / "tests" / "data" / "bert" / "tiny_bert"  # in place of a hub id
 
 
 def _cells(kind: str = "code") -> list[dict]:
@@ -42,6 +43,7 @@ def test_notebook_is_plain_python_with_one_parameter_cell():
         for t in node.targets
     }
     assert values["CONFIG"] == "configs/default.py" and values["TEXTS"] == []
+    assert values["PRETRAINED"] == "bert-base-chinese"  # section 5: the Chinese pretrained path
 
 
 def test_notebook_installs_only_what_colab_lacks():
@@ -91,6 +93,8 @@ TEXTS = []
 SOURCE = {source!r}
 WORK = {work!r}
 INSTALL = False
+FINETUNE = "configs/finetune.py:tiny"
+PRETRAINED = {pretrained!r}
 """
 
 
@@ -113,7 +117,7 @@ def test_notebook_runs_every_cell_on_cpu(tfds_dir, tmp_path, monkeypatch):
     (parameters,) = [c for c in cells if "parameters" in c.metadata.get("tags", [])]
     # SOURCE names the folder, which does not exist: the zip beside it is found, as on Drive.
     parameters.source = PARAMETERS.format(
-        data_dir=tfds_dir, source=str(tmp_path / "attn"), work=str(work)
+        data_dir=tfds_dir, source=str(tmp_path / "attn"), work=str(work), pretrained=str(TINY_BERT)
     )
     client = nbclient.NotebookClient(
         nb, kernel_name="attn-test", timeout=600, resources={"metadata": {"path": str(tmp_path)}}
@@ -146,6 +150,11 @@ def test_notebook_runs_every_cell_on_cpu(tfds_dir, tmp_path, monkeypatch):
     (page,) = outputs(code[7], "text/html")
     shown = re.sub(r"<rt>.*?</rt>|<[^>]+>", "", page["data"]["text/html"])  # tokens, no weights
     assert "质量很好，很满意" in shown  # TEXTS = []: the examples in the training texts' language
+    # Section 5 fine-tuned the checkpoint on the same data and classified TEXTS with it.
+    assert (work / "tiny_ft" / "checkpoint_tokenizer" / "vocab.txt").is_file()
+    tuned = text(code[8])
+    assert re.search(r"test accuracy: \S+tiny_bert fine-tuned 0\.\d{4}, configs/default", tuned)
+    assert len(re.findall(r"\t 质量很好，很满意|\t 太差了，不推荐", tuned)) == 2
     assert "resuming from step 6 of 6; nothing left to train" in text(rerun)
     assert (work / "tiny" / "metrics.jsonl").read_text(encoding="utf-8") == metrics_before
 
@@ -153,6 +162,6 @@ def test_notebook_runs_every_cell_on_cpu(tfds_dir, tmp_path, monkeypatch):
 def test_parameters_template_names_every_parameter():
     """The test's parameter cell sets what the notebook's does, no more and no less."""
     ours = {t.id for node in ast.parse(_source(_cells()[0])).body for t in node.targets}
-    template = textwrap.dedent(PARAMETERS).format(data_dir="", source="", work="")
+    template = textwrap.dedent(PARAMETERS).format(data_dir="", source="", work="", pretrained="")
     theirs = {t.id for node in ast.parse(template).body for t in node.targets}
     assert ours == theirs
