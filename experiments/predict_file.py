@@ -122,7 +122,7 @@ def _jsonl(path: str, text: str, text_field: str) -> Table:
         t = obj.get(text_field)
         row = Row(f"line {n}", obj, t if isinstance(t, str) else None)
         if t is not None and not isinstance(t, str):
-            row.error = f"{text_field!r} is a {type(t).__name__}, not a string"
+            row.error = f"{text_field!r} is not a string ({type(t).__name__})"
         rows.append(row)
     if columns and text_field not in columns:
         raise UserError(f"--path={path}: no row has the field {text_field!r} (--text_field)")

@@ -26,6 +26,12 @@ def _csv(path, rows=ROWS, header=("id", "text", "note")) -> str:
     return str(path)
 
 
+def _predict(workdir, src, capsys, *more):
+    return run_here(
+        "experiments.predict", f"--workdir={workdir}", f"--path={src}", *more, capsys=capsys
+    )
+
+
 def _read_csv(path) -> list[dict]:
     with open(path, encoding="utf-8", newline="") as f:
         return list(csv.DictReader(f))
@@ -36,13 +42,7 @@ def test_every_row_is_answered_in_order_with_its_columns_kept(trained_copy, tmp_
     with open(src, "a", encoding="utf-8") as f:
         f.write('5,"a,b",wide,extra\n')  # more fields than the header
     out = tmp_path / "out.csv"
-    proc = run_here(
-        "experiments.predict",
-        f"--workdir={trained_copy}",
-        f"--path={src}",
-        f"--out={out}",
-        capsys=capsys,
-    )
+    proc = _predict(trained_copy, src, capsys, f"--out={out}")
     assert proc.returncode == 2  # some rows failed; the others are written
     assert "error: line 7: text is empty" in proc.stderr  # row 2 spans lines 3-6
     assert "error: line 9: 4 fields where the header has 3" in proc.stderr
@@ -91,20 +91,14 @@ def test_jsonl_in_and_out_keep_every_value(trained_copy, tmp_path, capsys):
         encoding="utf-8",
     )
     out = tmp_path / "out.jsonl"
-    proc = run_here(
-        "experiments.predict",
-        f"--workdir={trained_copy}",
-        f"--path={src}",
-        f"--out={out}",
-        capsys=capsys,
-    )
+    proc = _predict(trained_copy, src, capsys, f"--out={out}")
     assert proc.returncode == 2
     got = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert len(got) == 4
     assert got[0]["stars"] == 5 and got[0]["tags"] == ["a", "b"] and "error" not in got[0]
     assert got[0]["predicted"] in serving.load(trained_copy).label_names
     assert got[1]["error"].startswith("invalid JSON")
-    assert got[2] == {"text": 3, "error": "'text' is a int, not a string"}
+    assert got[2] == {"text": 3, "error": "'text' is not a string (int)"}
     assert got[3]["error"] == "no text" and got[3]["review"] == "no text field here"
 
 
@@ -112,13 +106,7 @@ def test_a_quote_that_never_closes_is_that_rows_error(trained_copy, tmp_path, ca
     src = tmp_path / "in.csv"
     src.write_text('id,text\n1,很好\n2,"很差\n3,一般\n', encoding="utf-8")
     out = tmp_path / "out.csv"
-    proc = run_here(
-        "experiments.predict",
-        f"--workdir={trained_copy}",
-        f"--path={src}",
-        f"--out={out}",
-        capsys=capsys,
-    )
+    proc = _predict(trained_copy, src, capsys, f"--out={out}")
     assert proc.returncode == 2
     assert "error: line 3: a quote opens here and never closes, so lines 3-4" in proc.stderr
     rows = _read_csv(out)
@@ -146,18 +134,16 @@ def test_what_cannot_be_written_is_refused_before_anything_is(
     (tmp_path / "taken.csv").write_text("mine\n", encoding="utf-8")
     src = make(tmp_path)
     args = [m.format(d=tmp_path) for m in more]
-    proc = run_here(
-        "experiments.predict", f"--workdir={trained}", f"--path={src}", *args, capsys=capsys
-    )
+    proc = _predict(trained, src, capsys, *args)
     assert_one_line_error(proc, *fragments)
     assert (tmp_path / "taken.csv").read_text(encoding="utf-8") == "mine\n"
     assert not (tmp_path / "out.txt").exists()
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".predict-")) == []
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".predict-")]
 
 
 def test_stdout_gets_csv_without_out(trained, tmp_path, capsys):
     src = _csv(tmp_path / "in.csv", rows=ROWS[:2])
-    proc = run_here("experiments.predict", f"--workdir={trained}", f"--path={src}", capsys=capsys)
+    proc = _predict(trained, src, capsys)
     assert proc.returncode == 0, proc.stderr
     rows = list(csv.DictReader(proc.stdout.splitlines(keepends=True)))
     assert [r["text"] for r in rows] == [ROWS[0][1], ROWS[1][1]]
