@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import enable_x64
+from conftest import assert_close32, enable_x64
 from jax.test_util import check_grads
 
 import attn
@@ -15,6 +15,9 @@ from attn.attention import attention
 
 SCORES = sorted(scores.SCORES)
 LQ, LK, D, E = 5, 7, 4, 3
+# The sums an output passes through (`conftest.tol32`): a score (mlp's, the longest: 3 D inputs
+# to a hidden layer of D), then the softmax and the weighted sum over LK keys.
+TERMS = 4 * D + 2 * LK
 
 
 def _inputs(seed=0, lq=LQ, lk=LK, d=D, e=E, dtype=jnp.float32):
@@ -50,8 +53,8 @@ def test_matrix_matches_per_query_loop(name, rank):
     out_ref, w_ref = reference.attention(q, k, v, np.asarray(mask), score=name, score_params=p)
     chex.assert_shape(out, (LQ, E))
     chex.assert_shape(w, (LQ, LK))
-    np.testing.assert_allclose(out, out_ref, atol=1e-5)
-    np.testing.assert_allclose(w, w_ref, atol=1e-5)
+    assert_close32(out, out_ref, TERMS)
+    assert_close32(w, w_ref, TERMS)
 
 
 @pytest.mark.parametrize("name", SCORES)
@@ -60,15 +63,15 @@ def test_matrix_without_mask_matches_loop(name):
     p = _params(name)
     out, w = attention(q, k, v, score=name, score_params=p)
     out_ref, w_ref = reference.attention(q, k, v, score=name, score_params=p)
-    np.testing.assert_allclose(out, out_ref, atol=1e-5)
-    np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-6)
+    assert_close32(out, out_ref, TERMS)
+    assert_close32(w.sum(-1), 1.0, 2 * LK)
 
 
 def test_callable_score_is_used():
     q, k, v = _inputs(3)
     out, w = attention(q, k, v, score=lambda p, q, k: 2.0 * (q @ k.T))
     out_dot, w_dot = attention(q, k, v, score="dot")
-    np.testing.assert_allclose(w, jax.nn.softmax(2.0 * (q @ k.T)), atol=1e-6)
+    assert_close32(w, jax.nn.softmax(2.0 * (q @ k.T)), D + 2 * LK)
     assert not np.allclose(w, w_dot)
 
 
@@ -81,6 +84,9 @@ def _batched_inputs(b=2, lq=6, lk=8, h=3, d=4, seed=4):
     return q, k, v, jnp.asarray(m)
 
 
+TERMS_B = 4 + 2 * 8  # scaled_dot over _batched_inputs' d=4, softmax and sum over lk=8
+
+
 def _ours_bhld(q, k, v, mask, **kw):
     """Our single-sequence attention vmapped over heads then batch, on [B, L, H, d] tensors."""
     f = lambda q, k, v, m: attention(q, k, v, m, **kw)[0]
@@ -91,13 +97,13 @@ def _ours_bhld(q, k, v, mask, **kw):
 def test_scaled_dot_matches_jax_nn_dot_product_attention():
     q, k, v, m = _batched_inputs()
     expected = jax.nn.dot_product_attention(q, k, v, mask=m)
-    np.testing.assert_allclose(_ours_bhld(q, k, v, m), expected, atol=1e-5)
+    assert_close32(_ours_bhld(q, k, v, m), expected, TERMS_B)
 
 
 def test_scaled_dot_matches_flax_dot_product_attention():
     q, k, v, m = _batched_inputs(seed=5)
     expected = nn.dot_product_attention(q, k, v, mask=m, deterministic=True)
-    np.testing.assert_allclose(_ours_bhld(q, k, v, m), expected, atol=1e-5)
+    assert_close32(_ours_bhld(q, k, v, m), expected, TERMS_B)
 
 
 @pytest.mark.parametrize("rank", [None, 1, 2])
@@ -107,7 +113,7 @@ def test_xla_matches_matrix(rank, e):
     mask = None if rank is None else _mask(6, rank=rank)
     out, w = attention(q, k, v, mask, implementation="xla")
     assert w is None
-    np.testing.assert_allclose(out, attention(q, k, v, mask)[0], atol=1e-5)
+    assert_close32(out, attention(q, k, v, mask)[0], D + 2 * LK)
 
 
 @pytest.mark.parametrize("name", SCORES)
@@ -132,7 +138,7 @@ def test_xla_grads_match_matrix():
         )
     )(q, k, v)
     for g_xla, g_matrix in zip(grad("xla"), grad("matrix"), strict=True):
-        np.testing.assert_allclose(g_xla, g_matrix, atol=1e-5)
+        assert_close32(g_xla, g_matrix, 2 * (D + 2 * LK))
 
 
 class JitTest(chex.TestCase):
@@ -152,9 +158,9 @@ class JitTest(chex.TestCase):
             )
             out, w = f(q, k, v, mask, p)
             out_ref, w_ref = reference.attention(q, k, v, mask, score=name, score_params=p)
-            np.testing.assert_allclose(out, out_ref, atol=1e-5)
+            assert_close32(out, out_ref, TERMS)
             if implementation == "matrix":
-                np.testing.assert_allclose(w, w_ref, atol=1e-5)
+                assert_close32(w, w_ref, TERMS)
             else:
                 assert w is None
 
@@ -169,7 +175,7 @@ def test_vmap_over_batch_and_heads_equals_loop(implementation):
     for b in range(q.shape[0]):
         for h in range(q.shape[2]):
             out = single(q[b, :, h], k[b, :, h], v[b, :, h], m[b, h])
-            np.testing.assert_allclose(got[b, :, h], out, atol=1e-6)
+            assert_close32(got[b, :, h], out, TERMS_B)
 
 
 @pytest.mark.parametrize("name", SCORES)
@@ -180,7 +186,7 @@ def test_masked_keys_get_exactly_zero_weight(name):
     assert np.all(np.asarray(w)[~np.asarray(mask)] == 0.0)
     np.testing.assert_array_equal(w[1], 0.0)  # the fully masked row
     allowed_rows = np.asarray(mask).any(-1)
-    np.testing.assert_allclose(np.asarray(w).sum(-1)[allowed_rows], 1.0, atol=1e-6)
+    assert_close32(np.asarray(w).sum(-1)[allowed_rows], 1.0, 2 * LK)
 
 
 @pytest.mark.parametrize("name", SCORES)
@@ -191,9 +197,9 @@ def test_permutation_equivariance(name):
     r = np.random.default_rng(12)
     pq, pk = r.permutation(LQ), r.permutation(LK)
     out_q, _ = attention(q[pq], k, v, mask[pq], score=name, score_params=p)
-    np.testing.assert_allclose(out_q, out[pq], atol=1e-6)
+    assert_close32(out_q, out[pq], TERMS)
     out_k, _ = attention(q, k[pk], v[pk], mask[:, pk], score=name, score_params=p)
-    np.testing.assert_allclose(out_k, out, atol=1e-6)
+    assert_close32(out_k, out, TERMS)
 
 
 # chunked == matrix for every score is covered in test_chunked.py; two scores suffice here.
@@ -211,7 +217,7 @@ def test_padding_invariance(name, implementation):
     v_pad = jnp.concatenate([v, jnp.asarray(r.normal(size=(4, E)) * 50, jnp.float32)])
     mask_pad = jnp.concatenate([mask, jnp.zeros(4, bool)])
     out_pad, _ = attention(q, k_pad, v_pad, mask_pad, **kw)
-    np.testing.assert_allclose(out_pad, out, atol=1e-6)
+    assert_close32(out_pad, out, 4 * D + 2 * (LK + 4))
 
 
 @pytest.mark.parametrize("implementation", ["matrix", "chunked", "xla"])
@@ -250,6 +256,8 @@ def test_bfloat16_close_to_float32(name, implementation):
     if w16 is not None:
         assert w16.dtype == jnp.float32
     assert np.all(np.isfinite(np.asarray(out16, np.float32)))
+    # bfloat16's, not float32's: q, k and v keep 8 significant bits (2^-8 = 3.9e-3 relative), and
+    # the scores (|q.k| up to a few units) and the output carry that a dozen times over.
     np.testing.assert_allclose(np.asarray(out16, np.float32), out32, atol=5e-2, rtol=5e-2)
 
 
@@ -266,7 +274,7 @@ def test_bfloat16_weights_match_float64_at_d32(name):
         np.asarray(q, np.float64), np.asarray(k, np.float64), v, np.asarray(mask),
         score=name, score_params=p,
     )  # fmt: skip
-    np.testing.assert_allclose(w, w_ref, atol=1e-5, rtol=0)
+    assert_close32(w, w_ref, 4 * 32 + 2 * 16)
 
 
 def test_xla_bfloat16_close_to_float32():
@@ -276,6 +284,8 @@ def test_xla_bfloat16_close_to_float32():
     bf = lambda x: x.astype(jnp.bfloat16)
     out16, _ = attention(bf(q), bf(k), bf(v), mask, implementation="xla")
     assert out16.dtype == jnp.bfloat16
+    # bfloat16's, not float32's: q, k and v keep 8 significant bits (2^-8 = 3.9e-3 relative), and
+    # the scores (|q.k| up to a few units) and the output carry that a dozen times over.
     np.testing.assert_allclose(np.asarray(out16, np.float32), out32, atol=5e-2, rtol=5e-2)
 
 
@@ -344,7 +354,7 @@ def test_callable_score_receives_the_params_it_is_given():
     w_DxD = jnp.asarray(np.random.default_rng(20).normal(size=(D, D)), jnp.float32)
     _, w = attention(q, k, v, score=bilinear, score_params=w_DxD)
     _, w_ref = attention(q, k, v, score="general", score_params={"w_DxD": w_DxD})
-    np.testing.assert_allclose(w, w_ref, atol=1e-6)
+    assert_close32(w, w_ref, 2 * D + 2 * LK)
 
 
 def test_validation_runs_at_trace_time_under_jit():
@@ -380,9 +390,7 @@ def test_score_params_for_another_d_are_refused_by_shape():
     # Another hidden size is no fault: the params fit d.
     p7 = scores.get_score("mlp").init(jax.random.key(0), D, hidden=7)
     out, _ = attention(q, k, v, score="mlp", score_params=p7)
-    np.testing.assert_allclose(
-        out, reference.attention(q, k, v, score="mlp", score_params=p7)[0], atol=1e-5
-    )
+    assert_close32(out, reference.attention(q, k, v, score="mlp", score_params=p7)[0], TERMS)
 
 
 @pytest.mark.parametrize("implementation", ["matrix", "chunked", "xla"])
@@ -392,12 +400,12 @@ def test_fully_masked_mean_gives_jax_nn_s_numbers(implementation):
     kw = dict(implementation=implementation, q_chunk=2, k_chunk=3, fully_masked="mean")
     out, w = attention(q, k, v, mask, **kw)
     expected = jax.nn.dot_product_attention(q[:, None], k[:, None], v[:, None], mask=mask)[:, 0]
-    np.testing.assert_allclose(out, expected, atol=1e-5)
-    np.testing.assert_allclose(out[1], np.asarray(v).mean(0), atol=1e-6)
+    assert_close32(out, expected, D + 2 * LK)
+    assert_close32(out[1], np.asarray(v).mean(0), LK)
     if w is not None:
-        np.testing.assert_allclose(w[1], 1.0 / LK, atol=1e-7)
+        assert_close32(w[1], 1.0 / LK, 1)
     grads = jax.grad(lambda v: attention(q, k, v, mask, **kw)[0][1].sum())(v)
-    np.testing.assert_allclose(grads, np.full((LK, D), 1.0 / LK), atol=1e-6)
+    assert_close32(grads, np.full((LK, D), 1.0 / LK), 2 * LK)
 
 
 def test_attention_binds_static_arguments_in_a_form_jit_takes():
@@ -412,7 +420,7 @@ def test_attention_binds_static_arguments_in_a_form_jit_takes():
         k_chunk=3,
     )  # fmt: skip
     out, w = jax.jit(bound)(q, k, v, mask, score_params=p)
-    np.testing.assert_allclose(out, expected, atol=1e-6)
+    assert_close32(out, expected, TERMS)
     assert w is None
     traces = []
 
@@ -428,9 +436,7 @@ def test_attention_binds_static_arguments_in_a_form_jit_takes():
     out_score, _ = jax.jit(attention)(
         q, k, v, mask, score=scores.get_score("additive"), score_params=p
     )
-    np.testing.assert_allclose(
-        out_score, attention(q, k, v, mask, score="additive", score_params=p)[0], atol=1e-6
-    )
+    assert_close32(out_score, attention(q, k, v, mask, score="additive", score_params=p)[0], TERMS)
     with pytest.raises(ValueError, match="implementation must be one of"):
         attn.Attention(implementation="flash")
     with pytest.raises(ValueError, match="score must be one of"):
@@ -442,10 +448,8 @@ def test_attention_dropout_scales_kept_weights_like_flax():
     mask, rng = _mask(25), jax.random.key(3)
     out, w = attention(q, k, v, mask, dropout_rate=0.25, dropout_rng=rng)
     keep = jax.random.bernoulli(rng, 0.75, (LQ, LK))
-    np.testing.assert_allclose(
-        out, (np.asarray(w) * np.asarray(keep) / 0.75) @ np.asarray(v), atol=1e-5
-    )
-    np.testing.assert_allclose(w, attention(q, k, v, mask)[1], atol=1e-7)  # weights before dropout
+    assert_close32(out, (np.asarray(w) * np.asarray(keep) / 0.75) @ np.asarray(v), 2 * LK)
+    assert_close32(w, attention(q, k, v, mask)[1], TERMS)  # weights before dropout
     assert not np.allclose(out, attention(q, k, v, mask)[0], atol=1e-3)
     for kw, words in (
         (dict(dropout_rate=0.1), "needs a dropout_rng"),

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import assert_close32, classifier_terms
 
 from attn import classifier, encoder, layers
 from attn.attention import attention
@@ -58,6 +59,8 @@ def test_bfloat16_compute_gives_finite_float32_logits_close_to_float32():
     assert lo16.dtype == jnp.float32 and aux["penalty"].dtype == jnp.float32
     chex.assert_tree_all_finite(lo16)
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
+    # bfloat16's, not float32's: every activation keeps 8 significant bits (2^-8 = 3.9e-3
+    # relative), through about 25 roundings on the way to a logit.
     np.testing.assert_allclose(lo16, lo32, atol=0.1)
 
 
@@ -69,8 +72,8 @@ def test_appending_padding_does_not_change_logits(pooling, positions):
     padded = jnp.pad(TOKENS, ((0, 0), (0, 5)))
     lo, aux = classifier.apply(params, TOKENS, cfg)
     lo_pad, aux_pad = classifier.apply(params, padded, cfg)
-    np.testing.assert_allclose(lo, lo_pad, atol=1e-5)
-    np.testing.assert_allclose(aux["penalty"], aux_pad["penalty"], rtol=1e-5)
+    assert_close32(lo, lo_pad, classifier_terms(cfg, 13))
+    assert_close32(aux["penalty"], aux_pad["penalty"], classifier_terms(cfg, 13))
 
 
 @pytest.mark.parametrize("pooling", POOLINGS)
@@ -91,7 +94,7 @@ def test_masked_keys_get_zero_attention_weight():
         assert np.all(np.where(key_is_pad_Bx1x1xL, w, 0.0) == 0.0)
         # Every real query distributes all its weight over real keys.
         real_q = np.asarray(TOKENS != 0)
-        np.testing.assert_allclose(w.sum(-1).transpose(0, 2, 1)[real_q], 1.0, rtol=1e-5)
+        assert_close32(w.sum(-1).transpose(0, 2, 1)[real_q], 1.0, 2 * 8)
 
 
 def test_encoder_is_permutation_equivariant():
@@ -102,8 +105,8 @@ def test_encoder_is_permutation_equivariant():
     perm = jnp.array([4, 2, 0, 5, 1, 3])
     y, w = encoder.apply(params, x, mask, num_heads=h)
     y_p, w_p = encoder.apply(params, x[perm], mask[perm], num_heads=h)
-    np.testing.assert_allclose(y_p, y[perm], atol=1e-5)
-    np.testing.assert_allclose(w_p, w[:, perm][:, :, perm], atol=1e-6)
+    assert_close32(y_p, y[perm], 6 * 8 + 4 * 4 + 2 * 6 + 16)
+    assert_close32(w_p, w[:, perm][:, :, perm], 2 * 8 + 4 * 4 + 6)
 
 
 def test_classifier_without_positions_ignores_token_order():
@@ -111,7 +114,7 @@ def test_classifier_without_positions_ignores_token_order():
     shuffled = TOKENS.at[0, :5].set(TOKENS[0, jnp.array([3, 0, 4, 1, 2])])
     lo, _ = _run(cfg)
     lo_s, _ = _run(cfg, tokens=shuffled)
-    np.testing.assert_allclose(lo, lo_s, atol=1e-5)
+    assert_close32(lo, lo_s, classifier_terms(cfg, TOKENS.shape[1]))
     lo_p, _ = _run(_cfg(positions="learned", pooling="mean", num_layers=2), tokens=shuffled)
     lo_l, _ = _run(_cfg(positions="learned", pooling="mean", num_layers=2))
     assert not np.allclose(lo_p[0], lo_l[0], atol=1e-5)  # with positions, order matters
@@ -136,7 +139,7 @@ def test_fresh_ngram_table_is_zero_so_unseen_ngrams_add_nothing():
     plain = {**params, "embed": {k: v for k, v in params["embed"].items() if k != "ngrams"}}
     lo_n, _ = classifier.apply(params, TOKENS, cfg)
     lo, _ = classifier.apply(plain, TOKENS, _cfg())
-    np.testing.assert_allclose(lo_n, lo, atol=1e-6)
+    assert_close32(lo_n, lo, classifier_terms(cfg, TOKENS.shape[1]))
 
 
 def test_ngrams_change_logits_and_ignore_padding_positions():
@@ -207,7 +210,7 @@ def test_jit_and_no_jit_agree_and_config_is_a_static_arg():
     fn = jax.jit(lambda p, t, c: classifier.apply(p, t, c), static_argnums=2)
     jitted, _ = fn(params, TOKENS, cfg)
     again, _ = fn(params, TOKENS, dataclasses.replace(cfg))  # equal config: cache hit
-    np.testing.assert_allclose(eager, jitted, rtol=1e-6, atol=1e-6)
+    assert_close32(eager, jitted, classifier_terms(cfg, TOKENS.shape[1]))
     np.testing.assert_array_equal(jitted, again)
     assert fn._cache_size() == 1
 
@@ -220,7 +223,7 @@ def test_other_implementations_match_matrix(implementation):
     lo_c, aux = classifier.apply(
         params, TOKENS, dataclasses.replace(cfg, implementation=implementation)
     )
-    np.testing.assert_allclose(lo_m, lo_c, atol=1e-5)
+    assert_close32(lo_m, lo_c, classifier_terms(cfg, TOKENS.shape[1]))
     assert aux["attention"] is None
 
 
@@ -280,8 +283,10 @@ def test_encode_is_apply_before_pooling_and_embed_delta_shifts_the_embeddings():
     mask_BxLx1 = (TOKENS != 0)[..., None]
     pooled_BxD = (h_BxLxD * mask_BxLx1).sum(1) / mask_BxLx1.sum(1)
     logits, _ = classifier.apply(params, TOKENS, cfg)
-    np.testing.assert_allclose(
-        pooled_BxD @ params["head"]["w"] + params["head"]["b"], logits, atol=1e-5
+    assert_close32(
+        pooled_BxD @ params["head"]["w"] + params["head"]["b"],
+        logits,
+        classifier_terms(cfg, TOKENS.shape[1]),
     )
     # A delta equal to minus the position embeddings is the same as having no positions.
     minus_pos = -params["embed"]["positions"][None, : TOKENS.shape[1]]
@@ -291,7 +296,7 @@ def test_encode_is_apply_before_pooling_and_embed_delta_shifts_the_embeddings():
     unpositioned, _ = classifier.apply(
         no_pos, TOKENS, _cfg(pooling="mean", ngram_buckets=17, positions="none")
     )
-    np.testing.assert_allclose(shifted, unpositioned, atol=1e-5)
+    assert_close32(shifted, unpositioned, classifier_terms(cfg, TOKENS.shape[1]))
 
 
 def test_ids_outside_the_vocabulary_read_as_unk():
@@ -304,7 +309,7 @@ def test_ids_outside_the_vocabulary_read_as_unk():
     lo_odd, _ = classifier.apply(params, odd, cfg)
     lo_unk, _ = classifier.apply(params, unk, cfg)
     lo, _ = classifier.apply(params, TOKENS, cfg)
-    np.testing.assert_allclose(lo_odd, lo_unk, atol=1e-6)
+    assert_close32(lo_odd, lo_unk, classifier_terms(cfg, TOKENS.shape[1]))
     assert not np.allclose(lo_odd, lo, atol=1e-4)
 
 
@@ -336,13 +341,19 @@ def test_attention_steps_are_the_model_own_values(score):
     for b in (0, 2):
         for layer in (0, 1):
             st = classifier.attention_steps(params, TOKENS[b], cfg, layer=layer)
-            np.testing.assert_allclose(st.weights_HxLxL, aux["attention"][layer][b], atol=1e-6)
+            assert_close32(
+                st.weights_HxLxL, aux["attention"][layer][b], classifier_terms(cfg, TOKENS.shape[1])
+            )
     # layer 1's X is LayerNorm1 of layer 0's output, which encode computes
     x_BxLxD = classifier.embed(params, TOKENS, cfg)
     y0, _ = encoder.apply(params["layer_0"], x_BxLxD[0], TOKENS[0] != 0, num_heads=cfg.num_heads,
                           attend=classifier.attend(cfg))  # fmt: skip
     st = classifier.attention_steps(params, TOKENS[0], cfg, layer=1)
-    np.testing.assert_allclose(st.x_LxD, layers.layer_norm(params["layer_1"]["ln1"], y0), atol=1e-6)
+    assert_close32(
+        st.x_LxD,
+        layers.layer_norm(params["layer_1"]["ln1"], y0),
+        classifier_terms(cfg, TOKENS.shape[1]),
+    )
     with pytest.raises(ValueError, match=r"layer must be in \[0, 2\); got 2"):
         classifier.attention_steps(params, TOKENS[0], cfg, layer=2)
     with pytest.raises(ValueError, match="one sequence of ids"):

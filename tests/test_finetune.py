@@ -19,11 +19,14 @@ import pytest
 from conftest import (
     ROOT,
     _built_once,
+    assert_close32,
     assert_one_line_error,
     assert_trees_equal,
+    encoder_terms,
     metric_rows,
     run_here,
     saved_state,
+    tol32,
     train_interrupted,
 )
 
@@ -229,7 +232,9 @@ def test_the_explaining_commands_serve_the_fine_tuned_workdir(finetuned, tmp_pat
     ids = serving.encode(trained, "a dull film")
     steps = maps.attention_steps(trained.params, trained.cfg, ids, 1)
     drawn = maps.analyse(trained.params, trained.cfg, ids, None)["attention"][1]
-    np.testing.assert_allclose(steps.weights_HxLxL, drawn, atol=1e-6)
+    # Two float32 paths to layer 1's weights (the step-by-step one and the forward pass) round
+    # apart by up to the encoder's float32 error: a fixed 1e-6 once failed at 1.19e-6.
+    assert_close32(steps.weights_HxLxL, drawn, encoder_terms(trained.cfg.encoder, len(ids)))
     proc = run_here(
         "experiments.visualize", f"--workdir={workdir}", "--layer=2", "a film", capsys=capsys
     )
@@ -303,10 +308,13 @@ def test_a_frozen_encoder_is_not_differentiated(csv):
     assert flops["frozen"] < 0.5 * flops["full"]  # about a third here
     (full, m_full), (frozen, m_frozen) = (steps[n](state, batch) for n in ("full", "frozen"))
     assert_trees_equal(frozen["params"]["encoder"], state["params"]["encoder"])
-    np.testing.assert_allclose(
-        frozen["params"]["head"]["w"], full["params"]["head"]["w"], rtol=1e-5
+    # One Adam step: the init plus the learning rate times the gradient's sign (g / (|g| + 1e-8),
+    # whatever the clipping and the gradient's own rounding), a few float32 operations on w.
+    w = full["params"]["head"]["w"]
+    assert_close32(frozen["params"]["head"]["w"], w, 8, scale=np.abs(w).max())
+    assert m_frozen["loss"] == pytest.approx(
+        float(m_full["loss"]), abs=tol32(encoder_terms(enc, 16))
     )
-    assert m_frozen["loss"] == pytest.approx(float(m_full["loss"]), rel=1e-6)
 
 
 def test_attention_off_and_random_weights_train_through_the_same_command(csv, tmp_path):
@@ -385,7 +393,7 @@ def test_layer_decay_scales_each_layers_update(csv, tmp_path):
     grads = jax.tree.map(lambda x: x + 1.0, params)
     updates, _ = tx.update(grads, tx.init(params), params)
     ratio = np.asarray(updates["encoder"]["layer_0"]["w"]) / np.asarray(updates["head"]["w"])
-    np.testing.assert_allclose(ratio, 0.25, rtol=1e-6)
+    assert_close32(ratio, 0.25, 4)
 
 
 def test_frozen_encoders_gradients_do_not_shrink_the_heads_by_clipping(csv):
@@ -413,7 +421,9 @@ def test_frozen_encoders_gradients_do_not_shrink_the_heads_by_clipping(csv):
         head = {"head": params["head"]}
         want, alone_state = alone.update({"head": {"w": head_grad}}, alone_state, head)
         np.testing.assert_array_equal(updates["encoder"]["layer_0"]["w"], 0.0)
-        np.testing.assert_allclose(updates["head"]["w"], want["head"]["w"], rtol=1e-6)
+        assert_close32(
+            updates["head"]["w"], want["head"]["w"], 12, scale=np.abs(want["head"]["w"]).max()
+        )
 
 
 def _tokenizer_json_dir(tmp_path: Path) -> Path:
@@ -625,7 +635,9 @@ def test_a_fine_tune_with_the_bag_starts_from_naive_bayes_and_is_served_as_train
     )
     for i in range(3):
         got = predict.predict_one(trained, s.texts[i], top=1)
-        assert got["probability"] == pytest.approx(float(probs_NxC[i].max()), abs=1e-5)
+        want = float(probs_NxC[i].max())
+        terms = encoder_terms(cfg.encoder, 32) + 2 * 64  # the encoder's 32 tokens, the bag's 64
+        assert got["probability"] == pytest.approx(want, abs=tol32(terms))
     # A text cut for the encoder and read longer by the bag: each token the bag reads is placed
     # where the encoder has it, [CLS] and [SEP] included, so an erasure removes it from both.
     long_text = " ".join(["the film was great and moving"] * 12)

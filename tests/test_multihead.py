@@ -7,13 +7,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import enable_x64
+from conftest import assert_close32, enable_x64
 from jax.test_util import check_grads
 
 from attn import masks, multihead, positions, reference, scores
 from attn.attention import attention
 
 D, H, L = 12, 3, 7
+# The sums a value passes through (`conftest.tol32`): the weights, a projection over D, a score
+# over a head's D // H features (mlp's: 4 of them), a softmax over L; y, a weighted sum over L and
+# the output projection over D besides.
+W_TERMS = D + 4 * (D // H) + L
+TERMS = W_TERMS + L + D
 
 
 def _x_and_mask(seed=0):
@@ -51,7 +56,7 @@ def test_matches_flax_multihead_dot_product_attention():
     y_flax = flax_mha.apply(
         {"params": _to_flax(params)}, x_LxD[None], x_LxD[None], mask=mask_1x1xLxL
     )[0]
-    np.testing.assert_allclose(y_LxD, y_flax, atol=1e-5, rtol=1e-5)
+    assert_close32(y_LxD, y_flax, TERMS)
     assert w_HxLxL.shape == (H, L, L)
     np.testing.assert_array_equal(w_HxLxL[:, :, ~np.asarray(mask_L)], 0.0)
 
@@ -79,8 +84,8 @@ def test_matches_per_head_reference_loop(score):
     attend = functools.partial(attention, score=score)
     y_LxD, w_HxLxL = multihead.apply(params, x_LxD, mask_L, num_heads=H, attend=attend)
     y_ref, w_ref = _per_head_reference(params, x_LxD, np.asarray(mask_L), score)
-    np.testing.assert_allclose(w_HxLxL, w_ref, atol=1e-5)
-    np.testing.assert_allclose(y_LxD, y_ref, atol=1e-5)
+    assert_close32(w_HxLxL, w_ref, W_TERMS)
+    assert_close32(y_LxD, y_ref, TERMS)
 
 
 def test_chunked_matches_matrix_and_returns_no_weights():
@@ -89,7 +94,7 @@ def test_chunked_matches_matrix_and_returns_no_weights():
     y_m, _ = multihead.apply(params, x_LxD, mask_L, num_heads=H)
     attend = functools.partial(attention, implementation="chunked", q_chunk=3, k_chunk=2)
     y_c, w_c = multihead.apply(params, x_LxD, mask_L, num_heads=H, attend=attend)
-    np.testing.assert_allclose(y_m, y_c, atol=1e-5)
+    assert_close32(y_m, y_c, TERMS)
     assert w_c is None
 
 
@@ -124,8 +129,8 @@ def test_query_key_masks_as_array_or_function_match_the_loop(form):
     assert form == "function" or mask.shape == (L, L)
     y_LxD, w_HxLxL = multihead.apply(params, x_LxD, mask, num_heads=H)
     y_ref, w_ref = _per_head_reference(params, x_LxD, lambda i, j: j <= i and bool(mask_L[j]))
-    np.testing.assert_allclose(y_LxD, y_ref, atol=1e-5)
-    np.testing.assert_allclose(w_HxLxL, w_ref, atol=1e-6)
+    assert_close32(y_LxD, y_ref, TERMS)
+    assert_close32(w_HxLxL, w_ref, W_TERMS)
 
 
 def test_params_that_do_not_fit_raise_naming_the_entry():
@@ -158,21 +163,21 @@ def test_steps_recombine_to_their_weights_and_equal_apply(score):
     np.testing.assert_array_equal(st.x_LxD, x_LxD)
     for name, t in (("q", st.q_HxLxK), ("k", st.k_HxLxK), ("v", st.v_HxLxK)):
         proj = x_LxD @ params[name]["w"] + params[name]["b"]
-        np.testing.assert_allclose(t, proj.reshape(L, H, dh).swapaxes(0, 1), atol=1e-5)
+        assert_close32(t, proj.reshape(L, H, dh).swapaxes(0, 1), D)
     q, k, v = (np.asarray(t, np.float64) for t in (st.q_HxLxK, st.k_HxLxK, st.v_HxLxK))
     if score in ("scaled_dot", "dot"):
-        np.testing.assert_allclose(st.raw_HxLxL, q @ k.swapaxes(1, 2), atol=1e-5)
+        assert_close32(st.raw_HxLxL, q @ k.swapaxes(1, 2), D + D // H)
         scale = 1 / np.sqrt(dh) if score == "scaled_dot" else 1.0
-        np.testing.assert_allclose(st.scaled_HxLxL, scale * q @ k.swapaxes(1, 2), atol=1e-5)
+        assert_close32(st.scaled_HxLxL, scale * q @ k.swapaxes(1, 2), D + D // H + 1)
     else:  # no scaling: raw is the score function's matrix
         np.testing.assert_array_equal(st.raw_HxLxL, st.scaled_HxLxL)
     # softmax of the scaled scores over real keys gives the weights; weights V the outputs
     s = np.where(np.asarray(mask_L), np.asarray(st.scaled_HxLxL, np.float64), -np.inf)
     w = np.exp(s - s.max(-1, keepdims=True))
     w /= w.sum(-1, keepdims=True)
-    np.testing.assert_allclose(st.weights_HxLxL, w, atol=1e-6)
+    assert_close32(st.weights_HxLxL, w, W_TERMS)
     assert np.all(np.asarray(st.weights_HxLxL)[:, :, ~np.asarray(mask_L)] == 0.0)
-    np.testing.assert_allclose(st.out_HxLxK, w @ v, atol=1e-5)
+    assert_close32(st.out_HxLxK, w @ v, W_TERMS + L)
     # ... and equal what attention and apply compute
     sp = params.get("score")
     for h in range(H):
@@ -180,15 +185,15 @@ def test_steps_recombine_to_their_weights_and_equal_apply(score):
         out, w_h = attention(
             st.q_HxLxK[h], st.k_HxLxK[h], st.v_HxLxK[h], mask_L, score=score, score_params=sp_h
         )
-        np.testing.assert_allclose(st.out_HxLxK[h], out, atol=1e-6)
-        np.testing.assert_allclose(st.weights_HxLxL[h], w_h, atol=1e-6)
+        assert_close32(st.out_HxLxK[h], out, W_TERMS + L)
+        assert_close32(st.weights_HxLxL[h], w_h, W_TERMS)
     attend = functools.partial(attention, score=score)
     y, w_apply = multihead.apply(params, x_LxD, mask_L, num_heads=H, attend=attend)
-    np.testing.assert_allclose(st.y_LxD, y, atol=1e-6)
-    np.testing.assert_allclose(st.weights_HxLxL, w_apply, atol=1e-6)
+    assert_close32(st.y_LxD, y, TERMS)
+    assert_close32(st.weights_HxLxL, w_apply, W_TERMS)
     y_ref, w_ref = _per_head_reference(params, x_LxD, np.asarray(mask_L), score)
-    np.testing.assert_allclose(st.y_LxD, y_ref, atol=1e-5)
-    np.testing.assert_allclose(st.weights_HxLxL, w_ref, atol=1e-5)
+    assert_close32(st.y_LxD, y_ref, TERMS)
+    assert_close32(st.weights_HxLxL, w_ref, W_TERMS)
 
 
 def _halved_dot(params, q_LxD, k_MxD):
@@ -244,7 +249,7 @@ def test_cross_attention_matches_the_per_head_loop():
         k, v = ((kv @ p[n]["w"] + p[n]["b"])[:, cols] for n in "kv")
         outs.append(reference.attention(q, k, v, np.asarray(mask_M))[0])
     y_ref = np.concatenate(outs, axis=1) @ p["o"]["w"] + p["o"]["b"]
-    np.testing.assert_allclose(y, y_ref, atol=1e-5)
+    assert_close32(y, y_ref, 5 + D + 2 * 9 + D)
     with pytest.raises(ValueError, match=r"params\['k'\]\['w'\] has shape \(5, 12\).*4 features"):
         multihead.apply(params, x_LxD, mask_M, num_heads=H, kv_MxW=kv_MxW[:, :4])
 
@@ -259,7 +264,7 @@ def test_attention_dropout_draws_a_mask_per_head_and_needs_a_key():
     p["o"] = {"w": jnp.eye(4), "b": jnp.zeros(4)}
     x = jax.random.normal(jax.random.key(1), (6, 4))
     y0, _ = multihead.apply(p, x, num_heads=2)
-    np.testing.assert_allclose(y0[:, :2], y0[:, 2:], atol=1e-6)
+    assert_close32(y0[:, :2], y0[:, 2:], 4 + 2 + 2 * 6 + 4)
     y1, _ = multihead.apply(p, x, num_heads=2, dropout_rate=0.5, dropout_rng=jax.random.key(2))
     assert float(jnp.abs(y1[:, :2] - y1[:, 2:]).max()) > 0.01  # each head its own mask
     with pytest.raises(ValueError, match="needs a dropout_rng"):

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import assert_close32, classifier_terms, tol32
 
 from attn import classifier
 from experiments.training import classify, metrics, optim
@@ -29,19 +30,19 @@ def test_ema_is_the_normalised_decay_weighted_average_of_all_updates():
         ema = optim._ema_update(ema, {"w": ps[t]}, jnp.asarray(t, jnp.int32), decay)
     w = decay ** np.arange(n - 1, -1, -1.0)
     expected = np.tensordot(w / w.sum(), np.asarray(ps), axes=1)
-    np.testing.assert_allclose(ema["w"], expected, rtol=1e-5, atol=1e-5)
+    assert_close32(ema["w"], expected, 2 * 25)
     # After the first update the bias-corrected average is the new params (up to rounding).
     first = optim._ema_update({"w": ps[1]}, {"w": ps[0]}, jnp.asarray(0, jnp.int32), decay)
-    np.testing.assert_allclose(first["w"], ps[0], rtol=1e-6, atol=1e-6)
+    assert_close32(first["w"], ps[0], 2)
 
 
 def test_adversarial_delta_has_norm_eps_per_example_along_the_gradient():
     g = jax.random.normal(jax.random.PRNGKey(1), (3, 5, 4))
     g = g.at[1].multiply(100.0)  # the scale of an example's gradient must not matter
     delta = classify._adversarial_delta(g, 2.5)
-    np.testing.assert_allclose(jnp.sqrt((delta**2).sum(axis=(1, 2))), 2.5, rtol=1e-5)
+    assert_close32(jnp.sqrt((delta**2).sum(axis=(1, 2))), 2.5, 2 * 20)
     cos = (delta * g).sum(axis=(1, 2)) / jnp.sqrt((delta**2).sum((1, 2)) * (g**2).sum((1, 2)))
-    np.testing.assert_allclose(cos, 1.0, rtol=1e-5)
+    assert_close32(cos, 1.0, 3 * 20)
 
 
 def test_adversarial_delta_raises_the_loss_more_than_a_random_one():
@@ -69,13 +70,13 @@ def test_embedding_norm_counts_real_tokens_of_each_example():
         for row in tokens
     ]
     got = classify._embedding_norm(params, BATCH["tokens"], CFG)
-    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    assert_close32(got, expected, 6 * 8)
 
 
 def test_adversarial_delta_scales_each_example_by_its_own_factor():
     g = jax.random.normal(jax.random.PRNGKey(4), (2, 5, 4))
     delta = classify._adversarial_delta(g, 0.5, jnp.array([3.0, 10.0]))
-    np.testing.assert_allclose(jnp.sqrt((delta**2).sum(axis=(1, 2))), [1.5, 5.0], rtol=1e-5)
+    assert_close32(jnp.sqrt((delta**2).sum(axis=(1, 2))), [1.5, 5.0], 2 * 20)
 
 
 def test_a_relative_eps_is_that_fraction_of_the_example_embedding_norm():
@@ -89,10 +90,14 @@ def test_a_relative_eps_is_that_fraction_of_the_example_embedding_norm():
     ab, _ = classify.train_step(state, batch, adversarial_eps=0.3 * norm, **kw)
     small, _ = classify.train_step(state, batch, adversarial_eps=0.3, **kw)
     leaves = lambda s: jax.tree.leaves(s["params"])
+    # The two steps differ by the rounding of a forward and a backward pass (times the SGD rate
+    # of 0.1); an eps that is not r * ||x|| moves some parameter by more than that.
+    terms = 2 * classifier_terms(CFG, 6)
     for a, b in zip(leaves(rel), leaves(ab), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+        assert_close32(a, b, terms)
     assert any(
-        not np.allclose(a, b, atol=1e-6) for a, b in zip(leaves(rel), leaves(small), strict=True)
+        not np.allclose(a, b, atol=tol32(terms), rtol=0)
+        for a, b in zip(leaves(rel), leaves(small), strict=True)
     )
 
 

@@ -12,7 +12,14 @@ import re
 import jax
 import numpy as np
 import pytest
-from conftest import assert_one_line_error, run, run_here, tree_hash
+from conftest import (
+    assert_close32,
+    assert_one_line_error,
+    classifier_terms,
+    run,
+    run_here,
+    tree_hash,
+)
 from matplotlib.figure import Figure
 from matplotlib.text import Text
 
@@ -117,23 +124,21 @@ def test_drawn_steps_recombine_and_are_the_model_attention(drawn, trained):
         # Q, K, V are X through the head's columns of the projections.
         for name, m_LxK in (("q", h.q_LxK), ("k", h.k_LxK), ("v", h.v_LxK)):
             w, b = np.asarray(mha[name]["w"]), np.asarray(mha[name]["b"])
-            np.testing.assert_allclose(m_LxK, h.x_LxD @ w[:, cols] + b[cols], atol=1e-5)
+            assert_close32(m_LxK, h.x_LxD @ w[:, cols] + b[cols], cfg.d_model)
         # Scores, scaling, softmax over the allowed keys and the weighted sum, from Q, K, V.
-        np.testing.assert_allclose(h.raw_LxL, h.q_LxK @ h.k_LxK.T, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(
-            h.scaled_LxL, h.raw_LxL / math.sqrt(d_head), rtol=1e-5, atol=1e-6
-        )
+        assert_close32(h.raw_LxL, h.q_LxK @ h.k_LxK.T, d_head)
+        assert_close32(h.scaled_LxL, h.raw_LxL / math.sqrt(d_head), d_head + 1)
         e_LxL = np.where(h.allowed_L, np.exp(h.scaled_LxL - h.scaled_LxL.max(1, keepdims=True)), 0)
-        np.testing.assert_allclose(h.weights_LxL, e_LxL / e_LxL.sum(1, keepdims=True), atol=1e-6)
+        assert_close32(h.weights_LxL, e_LxL / e_LxL.sum(1, keepdims=True), 2 * len(ids_L))
         assert (h.weights_LxL[:, ~h.allowed_L] == 0).all()
-        np.testing.assert_allclose(h.out_LxK, h.weights_LxL @ h.v_LxK, atol=1e-5)
+        assert_close32(h.out_LxK, h.weights_LxL @ h.v_LxK, len(ids_L))
         # The library's attention on the drawn Q, K, V gives the drawn weights and outputs ...
         out_LxK, w_LxL = attn.attention(h.q_LxK, h.k_LxK, h.v_LxK, h.allowed_L)
-        np.testing.assert_allclose(h.weights_LxL, w_LxL, atol=1e-6)
-        np.testing.assert_allclose(h.out_LxK, out_LxK, atol=1e-6)
+        assert_close32(h.weights_LxL, w_LxL, d_head + 2 * len(ids_L))
+        assert_close32(h.out_LxK, out_LxK, d_head + 2 * len(ids_L))
         # ... and the model's forward pass on the same ids has the same attention map.
         model_w_LxL = maps.analyse(loaded.params, cfg, ids_L, None)["attention"][0][1]
-        np.testing.assert_allclose(h.weights_LxL, model_w_LxL, atol=1e-6)
+        assert_close32(h.weights_LxL, model_w_LxL, classifier_terms(cfg, len(ids_L)))
     assert drawn["figures"][0][0].tokens[-2:] == ["<pad>", "<pad>"]
     assert len(drawn["figures"][1][0].tokens) == WINDOW
     # The page shows the first text's steps, the very arrays of its figure, as numbers.
