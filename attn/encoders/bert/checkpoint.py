@@ -25,7 +25,7 @@ need no reshape: both split a projection's D outputs into H contiguous blocks of
 taking columns h*D/H:(h+1)*D/H (`attn.multihead`), as `view(B, L, H, D/H)` does.
 Skipped and reported: the buffers embeddings.position_ids and embeddings.token_type_ids, and the
 task heads cls.* (BertForPreTraining, BertForMaskedLM), lm_head.* (RobertaForMaskedLM) and
-classifier.* (...ForSequenceClassification).
+classifier.* (...ForSequenceClassification, whose head `head` reads for a classifier).
 """
 
 from collections.abc import Mapping
@@ -172,6 +172,7 @@ def from_hf(hf: Mapping[str, Any], names: frozenset[str], where: str) -> Config:
     if not bert:  # RoBERTa's positions count real tokens from pad_id + 1
         kw["position_offset"] = kw["pad_id"] + 1
     kw["pooler"] = any(n.startswith("pooler.") for n in names)
+    kw["model_type"] = hf["model_type"]
     try:
         return Config(**kw)
     except (TypeError, ValueError) as e:

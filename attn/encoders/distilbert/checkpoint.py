@@ -17,7 +17,7 @@ Linear weights are stored [out, in] and heads are contiguous column blocks, as i
 (`attn.encoders.bert.checkpoint`). Skipped and reported: the buffer embeddings.position_ids, and
 the task heads vocab_transform.*, vocab_layer_norm.*, vocab_projector.* (DistilBertForMaskedLM),
 pre_classifier.* and classifier.* (DistilBertForSequenceClassification; classifier.* also
-DistilBertForTokenClassification's).
+DistilBertForTokenClassification's; a sequence classifier's are its head's, `head`).
 """
 
 from collections.abc import Mapping

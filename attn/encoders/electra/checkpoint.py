@@ -13,7 +13,8 @@ stored tensor (names after the "electra." prefix of task models; X = embedding_s
 Skipped and reported: the buffers embeddings.position_ids and embeddings.token_type_ids, and the
 task heads discriminator_predictions.* (ElectraForPreTraining: the discriminator checkpoints),
 generator_predictions.* and generator_lm_head.* (ElectraForMaskedLM: the generators), and
-classifier.* (ElectraForSequenceClassification, ...ForTokenClassification).
+classifier.* (ElectraForSequenceClassification, whose head `head` reads for a classifier;
+...ForTokenClassification).
 """
 
 from collections.abc import Mapping
