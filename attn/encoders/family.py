@@ -45,7 +45,9 @@ class Family:
       skips their heads, `attn.encoder_classifier.load` reads a sequence classifier's).
     config: its config dataclass; from_hf(config.json, stored names, where) -> config, raising
       `CheckpointError` for what the family cannot compute (stored names: the checkpoint's
-      tensors, prefixes stripped, for what config.json leaves out, e.g. whether a pooler exists).
+      tensors, prefixes stripped, for what config.json leaves out, e.g. whether a pooler exists);
+      to_hf(config) -> the config.json keys from_hf reads, so a checkpoint written with them
+      reads back as `config` (its dtype aside).
     prefixes: what task models put before the encoder's tensor names ("bert.", "roberta.", ...).
     rules(config) -> {stored name: (Rule, ...)}: every encoder tensor (`attn.encoders.hub`).
     skip(name) -> bool: stored tensors that are no part of the encoder (buffers, task heads).
@@ -70,6 +72,7 @@ class Family:
     architectures: tuple[str, ...]
     config: type
     from_hf: Callable[[Mapping[str, Any], frozenset[str], str], Any]
+    to_hf: Callable[[Any], dict]
     prefixes: tuple[str, ...]
     rules: Callable[[Any], dict[str, tuple[Rule, ...]]]
     skip: Callable[[str], bool]

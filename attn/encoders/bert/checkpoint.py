@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from attn.encoders.bert.model import Config
-from attn.encoders.hub import CheckpointError, Rule
+from attn.encoders.hub import CheckpointError, Rule, config_keys
 
 __all__ = [
     "ARCHITECTURES",
@@ -44,6 +44,7 @@ __all__ = [
     "linear",
     "rules",
     "skip",
+    "to_hf",
 ]
 
 # model_type -> the architectures whose checkpoints hold this encoder (their heads skipped).
@@ -177,3 +178,12 @@ def from_hf(hf: Mapping[str, Any], names: frozenset[str], where: str) -> Config:
         return Config(**kw)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{where}: config.json is not supported: {e}") from None
+
+
+def to_hf(cfg: Config) -> dict:
+    """config.json's keys of `cfg` (from_hf's inverse; the pooler is its tensors')."""
+    return {
+        **config_keys(cfg, _CONFIG_KEYS),
+        "pad_token_id": cfg.pad_id,
+        "model_type": cfg.model_type,
+    }

@@ -35,9 +35,9 @@ from attn.encoders.bert.checkpoint import layer_norm, linear
 from attn.encoders.deberta import score
 from attn.encoders.deberta.model import NORM_REL_EBD, Config
 from attn.encoders.heads import ACTIVATIONS
-from attn.encoders.hub import CheckpointError, Rule
+from attn.encoders.hub import CheckpointError, Rule, config_keys
 
-__all__ = ["ARCHITECTURES", "MODEL_TYPES", "PREFIXES", "from_hf", "rules", "skip"]
+__all__ = ["ARCHITECTURES", "MODEL_TYPES", "PREFIXES", "from_hf", "rules", "skip", "to_hf"]
 
 MODEL_TYPES = ("deberta-v2",)
 ARCHITECTURES = (
@@ -184,3 +184,14 @@ def from_hf(hf: Mapping[str, Any], names: frozenset[str], where: str) -> Config:
         return Config(**kw, pos_att_type=terms, norm_rel_ebd=norm, pooler_act=act)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{where}: config.json is not supported: {e}") from None
+
+
+def to_hf(cfg: Config) -> dict:
+    """config.json's keys of `cfg` (from_hf's inverse)."""
+    return {
+        **config_keys(cfg, _CONFIG_KEYS),
+        "relative_attention": True,
+        "pos_att_type": list(cfg.pos_att_type),
+        "norm_rel_ebd": cfg.norm_rel_ebd,
+        "pooler_hidden_act": cfg.pooler_act,
+    }

@@ -71,9 +71,5 @@ HEAD = heads.Head(
         **heads.final_linear("classifier"),
     },
     from_hf=_from_hf,
-    to_hf=lambda cfg, pooling: {
-        "pooler_hidden_size": cfg.d_model,
-        "pooler_hidden_act": cfg.pooler_act,
-        "pooler_dropout": 0.0,
-    },
+    to_hf=lambda cfg, pooling: {"pooler_hidden_size": cfg.d_model, "pooler_dropout": 0.0},
 )

@@ -11,6 +11,7 @@ FAMILY = Family(
     architectures=checkpoint.ARCHITECTURES,
     config=model.Config,
     from_hf=checkpoint.from_hf,
+    to_hf=checkpoint.to_hf,
     prefixes=checkpoint.PREFIXES,
     rules=checkpoint.rules,
     skip=checkpoint.skip,

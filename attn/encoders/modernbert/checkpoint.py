@@ -25,10 +25,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from attn.encoders.heads import ACTIVATIONS
-from attn.encoders.hub import CheckpointError, Rule
+from attn.encoders.hub import CheckpointError, Rule, config_keys
 from attn.encoders.modernbert.model import Config
 
-__all__ = ["ARCHITECTURES", "MODEL_TYPES", "PREFIXES", "from_hf", "rules", "skip"]
+__all__ = ["ARCHITECTURES", "MODEL_TYPES", "PREFIXES", "from_hf", "rules", "skip", "to_hf"]
 
 MODEL_TYPES = ("modernbert",)
 ARCHITECTURES = (
@@ -135,3 +135,14 @@ def from_hf(hf: Mapping[str, Any], names: frozenset[str], where: str) -> Config:
         return Config(**kw)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{where}: config.json is not supported: {e}") from None
+
+
+def to_hf(cfg: Config) -> dict:
+    """config.json's keys of `cfg` (from_hf's inverse), the fixed options included."""
+    return {
+        **config_keys(cfg, _CONFIG_KEYS),
+        **_FIXED,
+        "local_rope_theta": cfg.local_theta,
+        "classifier_bias": cfg.classifier_bias,
+        "classifier_activation": cfg.classifier_act,
+    }

@@ -94,9 +94,5 @@ HEAD = heads.Head(
     classes=lambda cfg: _CLASSES,
     rules=_rules,
     from_hf=_from_hf,
-    to_hf=lambda cfg, pooling_: {
-        "classifier_pooling": pooling_,
-        "classifier_bias": cfg.classifier_bias,
-        "classifier_activation": cfg.classifier_act,
-    },
+    to_hf=lambda cfg, pooling_: {"classifier_pooling": pooling_},
 )
