@@ -30,6 +30,8 @@ KIND = "pretrained"
 SUBDIR = "checkpoint_tokenizer"  # in a workdir: the copied files
 # Copied beside the tokenizer file where present: what reading it consults.
 _EXTRA = ("tokenizer_config.json", "special_tokens_map.json")
+# Every file a saved tokenizer may hold: one of the first three (read in that order), the rest.
+FILES = ("tokenizer.json", "vocab.txt", "spm.model", *_EXTRA)
 # (cls, sep, pad, unk) token names of the families attn.encoders loads, when the files name none.
 _NAMES = (("[CLS]", "[SEP]", "[PAD]", "[UNK]"), ("<s>", "</s>", "<pad>", "<unk>"))
 BATCH_PAD = 0  # the id attn's batches pad with
