@@ -42,6 +42,7 @@ from benchmarks import (
     attention,
     bert,
     device,
+    families,
     finetune,
     imdb,
     lra,
@@ -73,6 +74,7 @@ SECTIONS = {
         imdb_path=fv.imdb_path,
     ),
     "peers": lambda fv, prev: peers.run(fv.quick, fv.bert_dir),
+    "families": lambda fv, prev: families.run(fv.quick),
 }
 ALL = ("attention", "train", "accuracy")
 

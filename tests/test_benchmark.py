@@ -97,7 +97,8 @@ def test_time_interleaved_alternates():
 def test_unknown_section_is_user_error(capsys):
     assert cli.run(bench_main.define_flags, bench_main.main, ["benchmarks", "speed"]) == 2
     err = capsys.readouterr().err
-    names = "attention, train, accuracy, imdb, lra, multihost, bert, finetune, peers, all, device"
+    names = "attention, train, accuracy, imdb, lra, multihost, bert, finetune, peers, families"
+    names += ", all, device"
     assert f"{names}; got ['speed']" in err
 
 
@@ -288,3 +289,21 @@ def test_finetune_section_accumulates_rows_and_seeds_and_judges_its_targets(tmp_
     assert target["met"] == (acc > 0.9122) and target["finetuned_mean"] == acc
     assert "### IMDB" in (out / "REPORT.md").read_text(encoding="utf-8")
     assert f"seed 1 | {100 * acc:.2f}%" in docs.finetune_imdb(sec)
+
+
+def test_families_section_times_every_family_against_its_reference(tmp_path, capsys):
+    """`benchmarks families --quick`: a row per registered family, each timed against jax.nn's
+    attention or, where jax.nn cannot compute its score, BERT's step of its size; REPORT renders
+    the table."""
+    argv = ["benchmarks", "families", "--quick", f"--out={tmp_path}"]
+    assert cli.run(bench_main.define_flags, bench_main.main, argv) == 0
+    sec = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))["families"]
+    from attn import encoders
+
+    assert set(sec["rows"]) == set(encoders.FAMILIES)
+    for name, row in sec["rows"].items():
+        assert row["ratio"] > 0 and row["attn"]["step_s"] > 0
+        jax_nn = "xla" not in encoders.family(name).unsupported
+        assert (row["reference"] == "jax.nn") == jax_nn and bool(row["no_jax_nn"]) != jax_nn
+    report = (tmp_path / "REPORT.md").read_text(encoding="utf-8")
+    assert "10. Every encoder family" in report and "| deberta-v2 |" in report

@@ -1,0 +1,158 @@
+"""Section 10: every encoder family's fine-tuning step at its real base size, with attn's
+attention against the same step with `jax.nn.dot_product_attention`.
+
+Each family's config is the size of the hub model a user would pick (its defaults; random weights:
+timing does not depend on their values), the step is `benchmarks.bert`'s (forward, backward of the
+mean-pooled cross-entropy through a linear head, AdamW over every parameter; hidden dropout on,
+attention dropout off, since jax.nn has none), and the two attentions run interleaved in one
+process: attn's matrix form (`attn.Attention()`) and jax.nn's XLA one (`implementation="xla"`,
+with the family's own score and mask: ModernBERT's rotary q and k and its local windows go
+through). A family whose score jax.nn cannot compute (DeBERTa's disentangled attention) is timed
+against the BERT step of its size instead, which prices the relative-position terms.
+"""
+
+import dataclasses
+import functools
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from attn import encoders, layers, pooling
+from attn.attention import Attention
+from benchmarks import timing
+
+# family -> the hub model whose size its config's defaults are.
+MODELS = {
+    "bert": "bert-base-uncased",
+    "distilbert": "distilbert-base-uncased",
+    "electra": "google/electra-base-discriminator",
+    "modernbert": "answerdotai/ModernBERT-base",
+    "deberta-v2": "microsoft/deberta-v3-base",
+}
+LENGTH, BATCH = 128, 8
+XLA = "jax.nn"
+# --quick: the same families at a tiny size (fields a family lacks are left out).
+TINY = {
+    "vocab_size": 100,
+    "d_model": 32,
+    "embedding_size": 32,
+    "num_layers": 2,
+    "num_heads": 4,
+    "d_ff": 64,
+    "local_window": 4,
+    "position_buckets": 8,
+}
+
+
+def base_config(name: str, quick: bool):
+    """The family's config at its hub model's size (its defaults; tiny with --quick),
+    attention dropout off."""
+    cfg = encoders.family(name).config()
+    fields = {f.name for f in dataclasses.fields(cfg)}
+    tiny = {k: v for k, v in TINY.items() if k in fields} if quick else {}
+    return dataclasses.replace(cfg, **tiny, attention_dropout=0.0)
+
+
+def _train_step(state: dict, batch: dict, rng: jax.Array, *, cfg, attend, tx):
+    def loss_fn(params):
+        h_BxLxD = encoders.encode(
+            params["encoder"], cfg, batch["ids"], batch["mask"], attend=attend, train=True,
+            rng=rng,
+        )  # fmt: skip
+        pooled_BxD = jax.vmap(pooling.mean_pool)(h_BxLxD, batch["mask"])
+        logits_BxC = layers.dense(params["head"], pooled_BxD.astype(jnp.float32))
+        return optax.softmax_cross_entropy_with_integer_labels(logits_BxC, batch["label"]).mean()
+
+    loss, grads = jax.value_and_grad(loss_fn)(state["params"])
+    updates, opt = tx.update(grads, state["opt"], state["params"])
+    return {"params": optax.apply_updates(state["params"], updates), "opt": opt}, loss
+
+
+def _compiled(cfg, attend, batch: dict, tx) -> tuple:
+    """(the step bound to fresh state, compile seconds, XLA temp bytes, param count)."""
+    k_enc, k_head = jax.random.split(jax.random.key(0))
+    params = {
+        "encoder": encoders.init(k_enc, cfg),
+        "head": layers.dense_init(k_head, cfg.d_model, 2),
+    }
+    state = {"params": params, "opt": tx.init(params)}
+    step = jax.jit(functools.partial(_train_step, cfg=cfg, attend=attend, tx=tx))
+    rng = jax.random.key(1)
+    start = time.perf_counter()
+    compiled = step.lower(state, batch, rng).compile()
+    seconds = time.perf_counter() - start
+    analysis = compiled.memory_analysis()
+    temp = int(analysis.temp_size_in_bytes) if analysis is not None else 0
+    run = functools.partial(compiled, state, batch, rng)
+    return run, seconds, temp, encoders.param_count(params)
+
+
+def _batch(cfg, batch: int, length: int) -> dict:
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, cfg.vocab_size, (batch, length), dtype=np.int32)
+    ids[ids == cfg.pad_id] = cfg.pad_id + 1  # padding comes from the mask alone
+    mask = np.ones((batch, length), bool)
+    mask[::2, length * 3 // 4 :] = False  # half the rows padded, as a batch of real texts is
+    return {"ids": ids, "mask": mask, "label": np.arange(batch, dtype=np.int32) % 2}
+
+
+def family_row(name: str, quick: bool, repeats: int) -> dict:
+    """attn's step and the reference step of one family, timed interleaved."""
+    cfg = base_config(name, quick)
+    length, batch_size = (16, 2) if quick else (LENGTH, BATCH)
+    batch = _batch(cfg, batch_size, length)
+    tx = optax.adamw(1e-4, weight_decay=0.01)
+    fam = encoders.family(cfg)
+    if "xla" in fam.unsupported:
+        ref_name = "bert, same size"
+        ref_cfg = base_config("bert", quick)
+        ref_cfg = dataclasses.replace(ref_cfg, vocab_size=cfg.vocab_size, num_layers=cfg.num_layers)
+        reference = _compiled(ref_cfg, Attention(), batch, tx)
+        why = fam.unsupported["xla"]
+    else:
+        ref_name, why = XLA, ""
+        reference = _compiled(cfg, Attention(implementation="xla"), batch, tx)
+    attn_step = _compiled(cfg, Attention(), batch, tx)
+    runs = {"attn": attn_step[0], ref_name: reference[0]}
+    timing.time_interleaved(runs, 1)  # first calls
+    times = timing.time_interleaved(runs, repeats)
+    row = {
+        "hub_id": MODELS[name],
+        "model": dataclasses.asdict(cfg),
+        "param_count": attn_step[3],
+        "L": length,
+        "batch": batch_size,
+        "repeats": repeats,
+        "reference": ref_name,
+        "no_jax_nn": why,
+    }
+    for key, prog in (("attn", attn_step), ("reference_step", reference)):
+        ts = times["attn" if key == "attn" else ref_name]
+        row[key] = {
+            "step_s": statistics.median(ts),
+            "compile_s": prog[1],
+            "temp_bytes": prog[2],
+        }
+    row["ratio"] = row["attn"]["step_s"] / row["reference_step"]["step_s"]  # < 1: attn faster
+    print(
+        f"{name} ({row['hub_id']}, {row['param_count']:,} params) B={batch_size} L={length}: "
+        f"attn {row['attn']['step_s']:.2f} s, {ref_name} {row['reference_step']['step_s']:.2f} s,"
+        f" attn / {ref_name} {row['ratio']:.3f}"
+    )
+    return row
+
+
+def run(quick: bool) -> dict:
+    """The families section of results.json."""
+    repeats = 2 if quick else 5
+    rows = {name: family_row(name, quick, repeats) for name in MODELS}
+    return {
+        "L": 16 if quick else LENGTH,
+        "batch": 2 if quick else BATCH,
+        "rows": rows,
+        "peak_rss_bytes": timing.peak_rss_bytes(),
+    }
