@@ -161,3 +161,16 @@ def test_an_out_that_holds_files_is_refused_and_a_failed_export_leaves_nothing(t
 def _export_to(out: pathlib.Path) -> None:
     model = _model("bert", "cls")
     hub_dir.write(out, model, {}, hub_dir.Tokenizer(DATA / "tiny_bert", False), "card")
+
+
+def test_a_run_keeps_the_checkpoints_config_json_beside_its_tokenizer(tmp_path):
+    """What export reads of the pretrained checkpoint in a workdir: its config.json, saved with
+    the tokenizer files; the tokenizer reads back the same."""
+    source = DATA / "tiny_deberta-v2"
+    tok = checkpoint_tokenizer.CheckpointTokenizer(source)
+    tok.save(tmp_path)
+    saved = tmp_path / checkpoint_tokenizer.SUBDIR
+    assert (saved / "config.json").read_bytes() == (source / "config.json").read_bytes()
+    meta = json.loads((tmp_path / "tokenizer.json").read_text(encoding="utf-8"))
+    again = checkpoint_tokenizer.load_saved(tmp_path, meta)
+    assert again.encode(TEXTS[0]).tolist() == tok.encode(TEXTS[0]).tolist()
