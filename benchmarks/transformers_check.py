@@ -1,8 +1,9 @@
 """Exported directories against transformers itself: each loads with AutoTokenizer and
-AutoModelForSequenceClassification (trust_remote_code for a mean-pooled one) with nothing
-missing, unexpected or mismatched, its tokenizer gives the ids attn read, and its probabilities
-are attn's. attn never imports torch or transformers: run this file in an environment that has
-them (torch, transformers 4.x, sentencepiece and protobuf for DeBERTa's tokenizer), e.g.
+AutoModelForSequenceClassification (trust_remote_code for a mean-pooled one) with nothing missing,
+unexpected or mismatched, its tokenizer gives the ids attn read, and its probabilities are attn's;
+so are those of DIR/model.onnx (export --onnx) under ONNX Runtime, where both exist. attn never
+imports torch or transformers: run this file in an environment that has them (torch, transformers
+4.x, sentencepiece and protobuf for DeBERTa's tokenizer), e.g.
 
     python -m venv /tmp/refvenv
     /tmp/refvenv/bin/pip install torch "transformers==4.57.6" safetensors tokenizers \
@@ -44,14 +45,35 @@ def check(entry: dict) -> dict:
         with torch.no_grad():
             got = model(**batch).logits.softmax(-1)[0].double()
         gap = max(gap, float((got - torch.tensor(want, dtype=torch.float64)).abs().max()))
+    onnx_gap = _onnx_gap(directory, tokenizer, entry)
     return {
         "class": type(model).__name__,
         "tokenizer": type(tokenizer).__name__,
         "load_faults": faults,
         "ids_match": ids_match,
         "max_probability_gap": gap,
-        "ok": not faults and ids_match and gap <= TOLERANCE,
+        "onnx_max_probability_gap": onnx_gap,
+        "ok": not faults and ids_match and max(gap, onnx_gap or 0.0) <= TOLERANCE,
     }
+
+
+def _onnx_gap(directory: str, tokenizer, entry: dict) -> float | None:
+    """The largest probability gap of DIR/model.onnx under ONNX Runtime, every text in one padded
+    batch; None when there is no model.onnx or no onnxruntime."""
+    try:
+        import onnxruntime
+    except ImportError:
+        return None
+    path = f"{directory}/model.onnx"
+    try:
+        session = onnxruntime.InferenceSession(path)
+    except Exception:  # noqa: BLE001 (no such file, among others)
+        return None
+    batch = tokenizer(entry["texts"], padding=True, return_tensors="np")
+    feed = {i.name: batch[i.name].astype("int64") for i in session.get_inputs()}
+    logits = torch.tensor(session.run(None, feed)[0], dtype=torch.float64)
+    want = torch.tensor(entry["probabilities"], dtype=torch.float64)
+    return float((logits.softmax(-1) - want).abs().max())
 
 
 def main(argv: list[str]) -> int:
@@ -65,6 +87,11 @@ def main(argv: list[str]) -> int:
             f"{'ok  ' if r['ok'] else 'FAIL'} {name}: {r['class']} + {r['tokenizer']}, ids "
             f"{'match' if r['ids_match'] else 'DIFFER'}, max |p - attn's| "
             f"{r['max_probability_gap']:.1e}"
+            + (
+                f", ONNX Runtime {r['onnx_max_probability_gap']:.1e}"
+                if r["onnx_max_probability_gap"] is not None
+                else ""
+            )
             + (f", load faults {r['load_faults']}" if r["load_faults"] else "")
         )
     if len(argv) > 2:

@@ -21,6 +21,7 @@ import pathlib
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 
 import numpy as np
 
@@ -126,9 +127,17 @@ def _tokenizer_files(tok: Tokenizer, cfg: encoder_classifier.Config, into: pathl
     path.write_text(json.dumps(settings, ensure_ascii=False, indent=2), encoding="utf-8")
 
 
-def write(out: pathlib.Path, model: Model, base: dict, tok: Tokenizer, card: str) -> pathlib.Path:
+def write(
+    out: pathlib.Path,
+    model: Model,
+    base: dict,
+    tok: Tokenizer,
+    card: str,
+    then: Callable[[pathlib.Path], object] | None = None,
+) -> pathlib.Path:
     """Writes the directory at `out` (refused when it holds files) whole or not at all; returns
-    it. `base`: the pretrained checkpoint's config.json; `card`: README.md's text."""
+    it. `base`: the pretrained checkpoint's config.json; `card`: README.md's text; `then(dir)`
+    adds to the written directory before it is put in place (e.g. `onnx_file.write`)."""
     check_out(out)
     try:
         tensors = encoder_classifier.checkpoint_tensors(model.params, model.cfg)
@@ -150,6 +159,8 @@ def write(out: pathlib.Path, model: Model, base: dict, tok: Tokenizer, card: str
         if encoder_classifier.architecture(model.cfg) == heads.MEAN_POOLED:
             (tmp / MODELING_FILE).write_text(modeling_file(model.cfg), encoding="utf-8")
         (tmp / "README.md").write_text(card, encoding="utf-8")
+        if then is not None:
+            then(tmp)
         if out.exists():
             out.rmdir()  # empty: checked above
         tmp.rename(out)
