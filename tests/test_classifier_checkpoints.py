@@ -251,26 +251,28 @@ def test_bert_keeps_its_pooler_in_the_encoder_and_a_pooler_less_bert_gets_a_fres
     )
 
 
-def test_the_roberta_and_electra_heads_drop_the_first_token_before_their_dense_layer():
+@pytest.mark.parametrize(
+    "name, act", [("roberta", jnp.tanh), ("electra", lambda x: jax.nn.gelu(x, approximate=False))]
+)
+def test_the_roberta_and_electra_heads_drop_the_first_token_before_their_dense_layer(name, act):
     """In training, h[:, 0] is dropped out (a key derived from the final dropout's) before the
     dense layer, and the dense layer's output with the final dropout's key: the class's two
     dropouts at the one rate."""
-    params, cfg, _ = encoder_classifier.load(DATA / "tiny_roberta_classifier")
+    params, cfg, _ = encoder_classifier.load(DATA / f"tiny_{name}_classifier")
     # Only the head's dropouts: the encoder's off.
     enc = dataclasses.replace(cfg.encoder, dropout=0.0, attention_dropout=0.0)
-    no_dropout = dataclasses.replace(cfg, encoder=enc, dropout=0.5)
+    cfg = dataclasses.replace(cfg, encoder=enc, dropout=0.5)
     ids = np.array([[5, 9, 11, 7, 0]], np.int32)
     rng = jax.random.key(3)
-    r_enc, r_pool = jax.random.split(rng)
-    h = encoders.encode(
-        params["encoder"], no_dropout.encoder, encoder_classifier.to_checkpoint(ids, 1), ids != 0
-    )
+    _, r_pool = jax.random.split(rng)
+    own = encoder_classifier.to_checkpoint(ids, enc.pad_id)
+    h = encoders.encode(params["encoder"], enc, own, ids != 0)
     x = layers.dropout(h[:, 0], 0.5, train=True, rng=jax.random.fold_in(r_pool, 1))
-    v = jnp.tanh(layers.dense(params["pool"]["dense"], x))
+    v = act(layers.dense(params["pool"]["dense"], x))
     want = head.logits(params, v, dropout=0.5, train=True, rng_pool=r_pool)
-    got, _ = encoder_classifier.apply(params, ids, no_dropout, train=True, rng=rng)
+    got, _ = encoder_classifier.apply(params, ids, cfg, train=True, rng=rng)
     np.testing.assert_allclose(got, want, atol=1e-6)
-    evaluated, _ = encoder_classifier.apply(params, ids, no_dropout)
+    evaluated, _ = encoder_classifier.apply(params, ids, cfg)
     assert np.abs(np.asarray(got) - np.asarray(evaluated)).max() > 1e-3
 
 
