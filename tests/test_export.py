@@ -40,7 +40,7 @@ def _export(tmp_path, name: str, pooling: str, lowercase: bool = False) -> pathl
     model = _model(name, pooling)
     source = DATA / f"tiny_{name}"
     base = json.loads((source / "config.json").read_text(encoding="utf-8"))
-    card = hub_dir.model_card(model, base=name, test=None, trained="a test")
+    card = hub_dir.model_card(model, hub_dir.Card(name, name, "a test", None, 0, "DIR"))
     out = tmp_path / f"{name}_{pooling}"
     return hub_dir.write(out, model, base, hub_dir.Tokenizer(source, lowercase), card)
 
@@ -174,3 +174,15 @@ def test_a_run_keeps_the_checkpoints_config_json_beside_its_tokenizer(tmp_path):
     meta = json.loads((tmp_path / "tokenizer.json").read_text(encoding="utf-8"))
     again = checkpoint_tokenizer.load_saved(tmp_path, meta)
     assert again.encode(TEXTS[0]).tolist() == tok.encode(TEXTS[0]).tolist()
+
+
+def test_the_model_card_says_the_labels_the_test_accuracy_and_how_to_load():
+    test = {"accuracy": 0.8512, "macro_f1": 0.8, "num_examples": 1018, "step": 60}
+    card = hub_dir.Card("all-MiniLM-L6-v2", "bert", "step 60", test, 8, "out/ft")
+    mean = hub_dir.model_card(_model("bert", "mean"), card)
+    assert "85.12% on 1,018 held-out texts" in mean and "| 2 | positive |" in mean
+    assert "trust_remote_code=True" in mean and hub_dir.MODELING_FILE in mean
+    assert "the first 24 and last 8 tokens" in mean
+    cls = hub_dir.model_card(_model("bert", "cls"), dataclasses.replace(card, test=None))
+    assert "trust_remote_code" not in cls and "`BertForSequenceClassification`" in cls
+    assert "Not measured" in cls

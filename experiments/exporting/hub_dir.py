@@ -170,28 +170,41 @@ def write(
     return out
 
 
-def model_card(model: Model, *, base: str, test: dict | None, trained: str) -> str:
+@dataclasses.dataclass(frozen=True)
+class Card:
+    """What README.md says beyond the model: the base checkpoint's name and model_type, the run
+    (which checkpoint, which weights), its test result (eval_test.json; None: not measured), how
+    much of a long text training read (`tail_len` of its last tokens), where it is written."""
+
+    base: str
+    model_type: str
+    trained: str
+    test: dict | None
+    tail_len: int
+    where: str
+
+
+def model_card(model: Model, card: Card) -> str:
     """README.md: what the model is (family, base checkpoint, pooling and class), its labels,
-    its test accuracy (`test`: eval_test.json, None when there is none) and how to load it."""
+    its test accuracy and how to load it."""
     cfg = model.cfg
-    fam = encoders.family(cfg.encoder)
     architecture = encoder_classifier.architecture(cfg)
     mean = architecture == heads.MEAN_POOLED
     reads = "the mean of its last hidden states over the real tokens"
     reads = reads if cfg.pooling == "mean" else "its first token's last hidden state"
-    through = "one linear layer" if mean else f"{fam.name}'s own classification head"
+    through = "one linear layer" if mean else "the model type's own classification head"
     lines = [
         "---",
         "library_name: transformers",
         "pipeline_tag: text-classification",
         "---",
         "",
-        f"# A {fam.name} sentence classifier fine-tuned from {base}",
+        f"# A {card.model_type} sentence classifier fine-tuned from {card.base}",
         "",
-        f"Fine-tuned with attn ({trained}): a {fam.name} encoder of {cfg.encoder.num_layers} "
-        f"layers, width {cfg.encoder.d_model}, classifying {reads} through {through}. "
-        "Transformers class: "
-        f"`{architecture}`" + (f" (its code is `{MODELING_FILE}` here)." if mean else "."),
+        f"Fine-tuned with attn ({card.trained}): a {card.model_type} encoder of "
+        f"{cfg.encoder.num_layers} layers, width {cfg.encoder.d_model}, classifying {reads} "
+        f"through {through}. Transformers class: `{architecture}`"
+        + (f" (its code is `{MODELING_FILE}` here)." if mean else "."),
         "",
         "## Labels",
         "",
@@ -202,6 +215,7 @@ def model_card(model: Model, *, base: str, test: dict | None, trained: str) -> s
         "## Test accuracy",
         "",
     ]
+    test = card.test
     if test:
         lines.append(
             f"{100 * test['accuracy']:.2f}% on {test['num_examples']:,} held-out texts, macro-F1 "
@@ -210,6 +224,8 @@ def model_card(model: Model, *, base: str, test: dict | None, trained: str) -> s
     else:
         lines.append("Not measured: the run wrote no eval_test.json (it did not finish).")
     remote = ", trust_remote_code=True" if mean else ""
+    head = cfg.max_len - card.tail_len
+    cut = f"the first {head} and last {card.tail_len}" if card.tail_len else f"the first {head}"
     lines += [
         "",
         "## Load it",
@@ -218,19 +234,18 @@ def model_card(model: Model, *, base: str, test: dict | None, trained: str) -> s
         "import torch",
         "from transformers import AutoModelForSequenceClassification, AutoTokenizer",
         "",
-        'tokenizer = AutoTokenizer.from_pretrained("DIR")',
-        f'model = AutoModelForSequenceClassification.from_pretrained("DIR"{remote}).eval()',
+        f"tokenizer = AutoTokenizer.from_pretrained({card.where!r})",
+        f"model = AutoModelForSequenceClassification.from_pretrained({card.where!r}{remote})",
         'batch = tokenizer(["a moving, funny film"], return_tensors="pt", truncation=True, '
         "padding=True)",
         "with torch.no_grad():",
-        "    probabilities = model(**batch).logits.softmax(-1)",
+        "    probabilities = model.eval()(**batch).logits.softmax(-1)",
         "print(model.config.id2label[int(probabilities.argmax())])",
         "```",
         "",
-        f"It was trained on texts of up to {cfg.max_len} tokens; attn keeps the first and last "
-        "tokens of a longer text, where truncation=True keeps the first "
-        f"{cfg.encoder.max_length}. attn serves the directory as it is: "
-        "`python -m experiments.predict --pretrained=DIR TEXT`.",
+        f"Training read {cut} tokens of a longer text ([CLS] and [SEP] included), where "
+        f"truncation=True keeps the first {cfg.encoder.max_length}. attn serves this directory "
+        f"as it is: `python -m experiments.predict --pretrained={card.where} TEXT`.",
         "",
     ]
     return "\n".join(lines)
