@@ -62,7 +62,7 @@ def dot_product_attention(
 
     Args:
       query [B, T, N, H], key [B, S, K, H], value [B, S, K, Hv] (Hv may differ from H), or the
-        same without B. Floating point.
+        same without B. Floating point, all three of one dtype.
       bias: added to the scores, broadcasting to [B, N, T, S] ("matrix" and "chunked").
       mask: bool, broadcasting to [B, N, T, S], True = may attend; or a mask function
         (``attn.masks``), shared or one per row.
@@ -165,6 +165,11 @@ def _check_qkv(
             )
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise TypeError(f"{name} must be floating point; got dtype {x.dtype}")
+    if not q.dtype == k.dtype == v.dtype:  # promoting would compute in the widest, silently
+        raise TypeError(
+            "query, key and value must have one dtype, as in jax.nn (cast them, e.g. "
+            f"key.astype(query.dtype)); got query {q.dtype}, key {k.dtype}, value {v.dtype}"
+        )
     b, t, n, h = q.shape
     _, s, kh, _ = k.shape
     if k.shape[0] != b or v.shape[:3] != k.shape[:3] or k.shape[3] != h:

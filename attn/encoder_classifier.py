@@ -178,8 +178,9 @@ def bag_ids(tokens_BxL: jax.Array, cfg: Config) -> jax.Array:
 
 
 def embed(params: dict, tokens_BxL: jax.Array, cfg: Config) -> jax.Array:
-    """The input embeddings [B, L, D] float32 of token ids [B, L], before anything normalises
-    them: what embed_delta_BxLxD is added to (the family's `input_embeddings`)."""
+    """The input embeddings [B, L, D] float32 of token ids [B, L]: the first block's input
+    before dropout, what embed_delta_BxLxD is added to and gradient × input attributes to (the
+    family's `input_embeddings`)."""
     tokens_BxL = jnp.asarray(tokens_BxL)
     fam = encoders.family(cfg.encoder)
     ids_BxL = to_checkpoint(tokens_BxL, cfg.encoder.pad_id)
@@ -213,8 +214,7 @@ def apply(
 
     bag_tokens_BxG, if given, is what the bag reads instead of tokens_BxL (more of each text,
     G >= L); without a bag it is ignored, as `attn.classifier.apply` ignores it.
-    embed_delta_BxLxD, if given, is added to the input embeddings (`embed`) before they are
-    normalised."""
+    embed_delta_BxLxD, if given, is added to the input embeddings (`embed`)."""
     if train and rng is None:
         raise ValueError("encoder_classifier: train=True needs an rng key for dropout; got None")
     tokens_BxL = jnp.asarray(tokens_BxL)

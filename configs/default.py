@@ -97,7 +97,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.train.num_epochs = 3
     config.train.eval_every_steps = 100  # finer early stopping on validation
     config.train.checkpoint_every_steps = 200
-    config.train.keep_checkpoints = 2
+    config.train.keep_checkpoints = 1  # with the optimizer's state, to resume; best/ apart
     config.train.log_every_steps = 20
     config.train.max_steps = 0  # 0 = run num_epochs in full
     config.train.baseline = True
@@ -129,6 +129,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         config.train.max_steps = 6
         config.train.eval_every_steps = 3
         config.train.checkpoint_every_steps = 3
+        config.train.keep_checkpoints = 2  # tests compare step 3 of runs too
         config.train.log_every_steps = 1
         config.train.baseline = False  # tests ask for it where they check it
         config.pretrain.warmup_steps = 2

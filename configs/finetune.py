@@ -44,8 +44,8 @@ Variants (`configs/finetune.py:<arg>`):
   The imdb, imdb_cpu and sst2 variants have no weight average (not measured with it).
   tiny    a few steps at 32 tokens, for tests (tests/data/bert/tiny_bert).
 predict (--explain), visualize (--steps) and faithfulness serve the workdir; predict's
-most-attended tokens are its last layer's attention, averaged over heads and queries ([CLS] and
-[SEP] not listed).
+most-attended words are its last layer's attention, averaged over heads and queries and summed
+over a word's pieces ([CLS] and [SEP] not listed); predict --max_len=N reads longer texts.
 """
 
 import ml_collections

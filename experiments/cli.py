@@ -17,7 +17,7 @@ import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from experiments import fields, parallel, workdirs
+from experiments import compile_cache, fields, parallel, workdirs
 from experiments.errors import UserError
 from experiments.training import loop
 
@@ -72,8 +72,14 @@ def run(define_flags: Define, entry: Main, argv: Sequence[str]) -> int:
 
 
 def main(define_flags: Define, entry: Main) -> None:
-    """An entry point's `__main__`: absl's app.run (help flags, logging) with one-line errors."""
-    define_flags(flags.FLAGS)
+    """An entry point's `__main__`: absl's app.run (help flags, logging) with one-line errors,
+    and compiled programs kept between runs (`compile_cache`)."""
+    define_key_flags(define_flags, flags.FLAGS, sys.argv[0])  # absl's name for __main__
+    compile_cache.enable()
+    # absl's --help prints the main module's docstring: every command's ends with where its
+    # compiled programs are kept.
+    command = sys.modules["__main__"]
+    command.__doc__ = (command.__doc__ or "") + compile_cache.help_text()
     rest: list[list[str]] = []
 
     def parse_or_exit(argv: list[str]) -> list[str]:
@@ -91,6 +97,16 @@ def main(define_flags: Define, entry: Main) -> None:
 
     signal.signal(signal.SIGINT, _exit_interrupted)
     app.run(run_entry, flags_parser=parse_or_exit)
+
+
+def define_key_flags(define_flags: Define, fv: flags.FlagValues, module: str) -> None:
+    """`define_flags(fv)`, with every flag it defines a key flag of `module`: --help lists only
+    the main module's key flags, which left out those defined here and in `parallel` (train's
+    --config and --workdir)."""
+    before = set(fv)
+    define_flags(fv)
+    for name in sorted(set(fv) - before):
+        fv.register_key_flag_for_module(module, fv[name])
 
 
 def define_run_flags(fv: flags.FlagValues) -> None:

@@ -3,7 +3,8 @@
   python -m experiments.data_info --config=configs/default.py [--config.data.tokenizer=word]
 
 Lengths are percentiles (50/90/99/max) in characters and in tokens (before truncation to
-data.max_len, which is also shown as the fraction of texts it cuts).
+data.max_len, which is also shown as the fraction of texts it cuts; a checkpoint's [CLS] and [SEP]
+count, as they do in max_len). With data.tokenizer=pretrained the tokens are model.pretrained's.
 """
 
 from typing import Any
@@ -13,7 +14,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from experiments import cli
-from experiments.data import chosen, encoding, tokenizers
+from experiments.data import checkpoint_tokenizer, chosen, encoding, tokenizers
 from experiments.errors import UserError
 
 _PERCENTILES = (50, 90, 99, 100)
@@ -26,10 +27,17 @@ def _lengths(xs: list[int]) -> str:
     return "/".join(str(v) for v in p)
 
 
-def describe(data_cfg: Any) -> str:
-    """The report for `data_cfg` (config.data), as printed by the CLI."""
-    data = encoding.load(data_cfg, add_cls=False)
+def describe(config: Any) -> str:
+    """The report for `config`'s data, as printed by the CLI."""
+    data_cfg = config.data
+    # A checkpoint's tokenizer is read from model.pretrained, outside config.data.
+    pretrained = data_cfg.tokenizer == checkpoint_tokenizer.KIND
+    tok = checkpoint_tokenizer.for_config(config) if pretrained else None
+    data = encoding.load(data_cfg, add_cls=False, tokenizer=tok)
     tok, names = data.tokenizer, data.label_names
+    frame = encoding.frame_of(tok)
+    framing = sum(len(part) for part in frame) if frame else 0
+    unk_id = getattr(tok, "unk_id", tokenizers.UNK)
     lines = [
         f"dataset {data_cfg.dataset}  labels {list(names)}  tokenizer {tok.kind}  "
         f"vocab_size {tok.vocab_size}  max_len {data_cfg.max_len}",
@@ -41,9 +49,9 @@ def describe(data_cfg: Any) -> str:
         counts = np.bincount(labels, minlength=len(names)) if len(labels) else np.zeros(len(names))
         balance = " ".join(f"{int(c)}({c / max(len(labels), 1):.0%})" for c in counts)
         ids = [tok.encode(t) for t in texts]  # before truncation to max_len
-        n_tok = [len(i) for i in ids]
-        total = max(sum(n_tok), 1)
-        unk = sum(int((i == tokenizers.UNK).sum()) for i in ids) / total
+        n_tok = [len(i) + framing for i in ids]
+        total = max(sum(len(i) for i in ids), 1)
+        unk = sum(int((i == unk_id).sum()) for i in ids) / total
         cut = np.mean([n > data_cfg.max_len for n in n_tok]) if n_tok else 0.0
         lines.append(
             f"{split:<11}{len(texts):>9}  {balance:<24}{_lengths([len(t) for t in texts]):<22}"
@@ -61,7 +69,7 @@ def define_flags(fv: flags.FlagValues) -> None:
 def main(fv: flags.FlagValues, argv: list[str]) -> None:
     if fv.config is None:
         raise UserError("--config is required, e.g. --config=configs/default.py")
-    print(describe(chosen.resolve(fv.config).data))
+    print(describe(chosen.resolve(fv.config)))
 
 
 if __name__ == "__main__":

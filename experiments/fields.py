@@ -463,6 +463,17 @@ PRETRAINED_OWN = (
 )
 
 
+# What a checkpoint's tokenizer decides in place of the vocabulary attn would build.
+PRETRAINED_TOKENIZER_OWN = ("data.max_vocab", "data.min_freq")
+CHECKPOINT_DECIDES = "(the checkpoint's)"  # --print_config's value of those fields
+
+
+def fine_tunes(config: ml_collections.ConfigDict) -> bool:
+    """Whether `config` fine-tunes a checkpoint: model.pretrained is set, or (configs/finetune.py
+    before it is) the checkpoint's tokenizer is asked for."""
+    return bool(config.model.get("pretrained")) or config.data.get("tokenizer") == "pretrained"
+
+
 def check_overrides(config: ml_collections.ConfigDict, overrides: dict[str, Any]) -> None:
     """Command-line overrides a run would silently drop: with model.pretrained, the fields its
     checkpoint decides (PRETRAINED_OWN). `overrides`: flat names, as config_flags records them."""
@@ -515,8 +526,13 @@ def check_model(config: ml_collections.ConfigDict) -> None:
 
 
 def describe(config: ml_collections.ConfigDict) -> str:
-    """Every field as `section.field = value  # meaning`, one per line, overrides applied."""
-    rows = [(name, repr(value)) for name, value in flat(config.to_dict()).items()]
+    """Every field as `section.field = value  # meaning`, one per line, overrides applied; for a
+    fine-tune, the fields the checkpoint decides say so instead of a value that does not apply."""
+    own = set(PRETRAINED_OWN + PRETRAINED_TOKENIZER_OWN) if fine_tunes(config) else set()
+    rows = [
+        (name, CHECKPOINT_DECIDES if name in own else repr(value))
+        for name, value in flat(config.to_dict()).items()
+    ]
     width = max(len(name) + len(value) for name, value in rows) + 4  # " = " and a space
     return "\n".join(
         f"{f'{name} = {value}':<{width}}# {FIELDS[name].meaning if name in FIELDS else ''}".rstrip()

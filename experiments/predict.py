@@ -1,4 +1,4 @@
-"""Classifies texts with a trained workdir: label, probability and the most-attended tokens.
+"""Classifies texts with a trained workdir: label, probability and the most-attended words.
 
   python -m experiments.predict --workdir=runs/default "质量很好，很满意" "质量太差了"
   printf '很好\\n很差\\n' | python -m experiments.predict --workdir=runs/default
@@ -6,20 +6,24 @@
 Texts come from the arguments or, when there are none, one per line from standard input (blank
 lines at the end are ignored). Stdout has one line per text, in input order, after a header:
 
-  label  probability  most-attended tokens, each with the attention it receives
+  label  probability  most-attended words, each with the attention it receives
 
-separated by tabs. The tokens are the text's own: the ones put around it ([CLS], [SEP]) are not
-listed, although a fine-tuned encoder often sends them the most attention. With --json, one JSON
-object per text and no header. A text that cannot be classified (empty, not UTF-8) gets the label
-`error` (`{"error": ...}` in JSON) and a one-line error on stderr; the others are still answered,
-and the exit status is 2 if any text failed. A text with no token the model knows (every character
-outside the vocabulary but for whitespace) gets the label `unknown` and no probability: the model
-has nothing to go on. Stderr says which checkpoint answers, and adds a line `note: text N: ...` for
-an answer that reads less than it seems: a text cut to the model's length (`read the first N and
-last K of M tokens`), one whose tokens are mostly outside the vocabulary (`mostly unknown: ...`), or
-one written mostly in a script that was under 10% of the training texts' letters (`written in Latin
-letters, which were 0.4% of ...`; workdirs trained before scripts.json was written skip this); with
---json the same words are the object's `note`.
+separated by tabs. A word's attention is the sum of its tokens' (a pretrained tokenizer's pieces,
+"toast" "##er", make one word, "toaster"; attn's own tokens, characters or words, are each their
+own); the tokens put around the text ([CLS], [SEP]), unknown ones and whitespace belong to no
+word and are never listed, although a fine-tuned encoder often sends [CLS] and [SEP] the most
+attention. With --json, one JSON object per text and no header. A text that cannot be
+classified (empty, not UTF-8) gets the label `error` (`{"error": ...}` in JSON) and a one-line
+error on stderr; the others are still answered, and the exit status is 2 if any text failed. A
+text with no token the model knows (every character outside the vocabulary but for whitespace)
+gets the label `unknown` and no probability: the model has nothing to go on. Stderr says which
+checkpoint answers, and adds a line `note: text N: ...` for an answer that reads less than it
+seems: a text cut to the model's length (`read the first N and last K of M tokens`, `read only
+...` when most of it goes unread, then how to read more: --max_len=N reads up to N tokens where
+the model can), one whose tokens are mostly outside the vocabulary (`mostly unknown: ...`), or
+one written mostly in a script that was under 10% of the training texts' letters (`written in
+Latin letters, which were 0.4% of ...`; workdirs trained before scripts.json was written skip
+this); with --json the same words are the object's `note`.
 
 --explain adds three columns (`explain` in JSON): the top tokens by leave-one-out, each with the
 drop of the probability when it alone is erased, and the probability once the 3 most-attended
@@ -36,7 +40,7 @@ from experiments import cli, serving
 from experiments.errors import UserError
 from experiments.explain import maps, ranking
 
-HEADER = "label\tprobability\tmost-attended tokens (attention received)"
+HEADER = "label\tprobability\tmost-attended words (attention received)"
 UNKNOWN = "unknown"
 
 
@@ -47,18 +51,21 @@ def predict_one(trained: serving.Trained, text: str, top: int) -> dict:
     ids_L = serving.encode(trained, text)
     r = serving.reading(trained, text, ids_L)
     about = {"num_tokens": len(ids_L), "text_tokens": r.text_tokens, "known_tokens": r.known_tokens}
-    about |= {"note": "; ".join(r.notes)} if r.notes else {}
+    notes = [*r.notes, serving.read_more(trained, r.text_tokens)] if r.cut else r.notes
+    about |= {"note": "; ".join(notes)} if notes else {}
     if not r.known_tokens:
         return {"label": None, "probability": None, "top_tokens": [], **about}
-    result = maps.analyse(trained.params, trained.cfg, ids_L, serving.encode_bag(trained, text))
+    bag_G = serving.encode_bag(trained, text)
+    result = maps.analyse(trained.params, trained.cfg, ids_L, bag_G, trained.config.data)
     probs_C, received_L = result["probs"], result["received"]
-    text_L = np.flatnonzero(~np.isin(ids_L, serving.framing_ids(trained)))
-    order = text_L[np.argsort(-received_L[text_L], kind="stable")][:top]
-    tokens = trained.tokenizer.tokens(ids_L.tolist())
+    w = serving.words(trained, text, ids_L)
+    real_L = w.of_L >= 0
+    received_W = np.bincount(w.of_L[real_L], received_L[real_L], minlength=len(w.texts))
+    order = np.argsort(-received_W, kind="stable")[:top]
     return {
         "label": trained.label_names[int(probs_C.argmax())],
         "probability": float(probs_C.max()),
-        "top_tokens": [[tokens[i], float(received_L[i])] for i in order],
+        "top_tokens": [[w.texts[i], float(received_W[i])] for i in order],
         **about,
     }
 
@@ -86,7 +93,16 @@ def format_line(p: dict) -> str:
 
 def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("workdir", None, "A workdir written by experiments.train.", flag_values=fv)
-    flags.DEFINE_integer("top", 5, "How many most-attended tokens to show.", flag_values=fv)
+    flags.DEFINE_integer("top", 5, "How many most-attended words to show.", flag_values=fv)
+    flags.DEFINE_integer(
+        "max_len",
+        None,
+        "Read up to N tokens of each text (special tokens included) instead of the length the "
+        "model was trained with, as far as it can: a pretrained encoder up to its positions "
+        "(512 for BERT), attn's own model with sinusoidal or no positions; learned positions "
+        "end at their table.",
+        flag_values=fv,
+    )
     flags.DEFINE_boolean(
         "explain",
         False,
@@ -109,6 +125,8 @@ def main(fv: flags.FlagValues, argv: list[str]) -> int:
     if not texts:
         raise UserError("no text given: pass texts as arguments or one per line on stdin")
     trained = serving.load(fv.workdir)
+    if fv.max_len is not None:
+        trained = serving.reading_up_to(trained, fv.max_len)
     print(f"answering from {trained.source}", file=sys.stderr)
     if not fv.json:
         print(HEADER + (ranking.HEADER if fv.explain else ""))

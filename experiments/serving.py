@@ -7,20 +7,15 @@ import dataclasses
 import os
 from typing import Any
 
-import jax
 import ml_collections
 import numpy as np
 
 from attn import models
-from experiments import workdirs
+from experiments import workdir_reader
 from experiments.data import encoding, scripts, tokenizers
 from experiments.data.tokenizers import CLS
 from experiments.errors import UserError
 from experiments.training import checkpoints
-
-# Shapes only: init runs under jax.eval_shape. Not a key made at import, which would start JAX's
-# backend before a process of several can join the others.
-KEY = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,40 +35,21 @@ def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
 
     Only the weights are read: no optimizer or train state is built.
     """
-    if not os.path.isdir(workdir):
-        raise UserError(f"workdir {workdir!r} does not exist; train first with experiments.train")
-    config_path = os.path.join(workdir, "config.json")
-    if not os.path.exists(config_path):
-        raise UserError(f"{workdir!r} has no config.json; is it a training workdir?")
-    config = workdirs.read_config(config_path)
-    which, step = checkpoints.kept(workdir, which)
-    if step is None:
-        raise UserError(f"{workdir!r} holds no checkpoint yet; train (or resume) first")
-    with checkpoints.reader(workdir, which) as mngr:
-        meta = checkpoints.read_meta(mngr, step)
-        if meta.get("objective") == checkpoints.MASKED_LM:
-            raise UserError(
-                f"{workdir!r} is a pretraining workdir: it predicts hidden tokens, not labels; "
-                f"fine-tune it first with experiments.train --config.model.init_from={workdir}"
-            )
-        cfg = model_config(meta, f"checkpoint {step} in {workdir!r}")
-        tok = tokenizers.load_tokenizer(workdir)
-        rows = models.vocab_rows(cfg)
-        if tok.vocab_size > rows or (tok.vocab_size != rows and models.exact_vocabulary(cfg)):
-            raise UserError(
-                f"vocabulary in {workdir!r} has {tok.vocab_size} ids but the checkpoint expects "
-                f"{rows}; the workdir is inconsistent"
-            )
-        # Only the weights to serve: the weight average when the run kept one.
-        served = "ema" if meta.get("ema", False) else "params"
-        init = models.module(cfg).init
-        target = {served: jax.eval_shape(lambda key: init(key, cfg), KEY)}
-        state, _ = checkpoints.restore(mngr, step, target, partial=True)
-    source = _describe(workdir, which, step, meta)
-    scripts_path = os.path.join(workdir, scripts.SCRIPTS_FILE)
-    shares = workdirs.read_json(scripts_path) if os.path.exists(scripts_path) else None
+    held = workdir_reader.read(workdir, which)
+    if held.objective == checkpoints.MASKED_LM:
+        raise UserError(
+            f"{workdir!r} is a pretraining workdir: it predicts hidden tokens, not labels; "
+            f"fine-tune it first with experiments.train --config.model.init_from={workdir}"
+        )
     return Trained(
-        config, cfg, state[served], tok, tuple(meta["label_names"]), step, source, shares
+        held.config,
+        held.cfg,
+        held.weights(),
+        held.tokenizer,
+        held.label_names,
+        held.step,
+        _describe(held),
+        held.scripts,
     )
 
 
@@ -85,17 +61,16 @@ def framing_ids(trained: Trained) -> np.ndarray:
     return np.array(sorted({tokenizers.PAD, *around}), np.int32)
 
 
-def _describe(workdir: str, which: str, step: int, meta: dict) -> str:
+def _describe(held: workdir_reader.Workdir) -> str:
     """E.g. "the best checkpoint (step 60, validation accuracy 0.8125) of runs/x; training has not
     finished (last checkpoint: step 100)": a half-trained workdir answers, but says so."""
-    if which == checkpoints.BEST:
-        what = f"the best checkpoint (step {step}, validation accuracy "
-        what += f"{meta['best_val_accuracy']:.4f})"
-    else:
-        what = f"the last checkpoint (step {step})"
-    what += f" of {workdir}"
-    if not os.path.exists(os.path.join(workdir, "eval_test.json")):  # written when training ends
-        last = checkpoints.latest_step(workdir, checkpoints.LAST)
+    what = held.describe()
+    if held.which == checkpoints.BEST:
+        accuracy = held.meta["best_val_accuracy"]
+        what = f"the best checkpoint (step {held.step}, validation accuracy {accuracy:.4f}) of "
+        what += held.workdir
+    if not os.path.exists(os.path.join(held.workdir, "eval_test.json")):  # written when it ends
+        last = checkpoints.latest_step(held.workdir, checkpoints.LAST)
         what += "; training has not finished"
         what += f" (last checkpoint: step {last})" if last is not None else ""
     return what
@@ -121,6 +96,48 @@ def encode_bag(trained: Trained, text: str) -> np.ndarray | None:
     return None if bags is None else bags[0]
 
 
+@dataclasses.dataclass(frozen=True)
+class Words:
+    """The words of what the model reads of one text, for showing where its attention went."""
+
+    of_L: np.ndarray  # int32 [L]: each position's word in `texts`; -1: framing, PAD, UNK, blank
+    texts: list[str]  # each word as the text writes it
+
+
+def words(trained: Trained, text: str, ids_L: np.ndarray) -> Words:
+    """The words of `ids_L` (`encode(trained, text)`): a pretrained tokenizer's word pieces
+    ("toast" "##er") make one word ("toaster"), as the text writes it; attn's own tokens (a
+    character, a word) are each their own. Tokens that are no part of the text or say nothing of
+    it (framing, PAD, unknown, whitespace) belong to none."""
+    tok = trained.tokenizer
+    raw = tok.encode(encoding.check_text(text))
+    # Where each position's token sits in the whole text: marks above every framing id, cut as
+    # the ids were, as `ranking.bag_source` lines up the bag.
+    first = int(framing_ids(trained).max()) + 1
+    seen = encoding.cut(
+        [np.arange(len(raw), dtype=np.int32) + first],
+        max_len=trained.cfg.max_len,
+        add_cls=trained.cfg.pooling == "cls",
+        tail_len=trained.config.data.tail_len,
+        frame=encoding.frame_of(tok),
+    )[0]
+    pieces = tok.words(text) if hasattr(tok, "words") else None
+    shown = tok.tokens(ids_L.tolist())
+    unknown = {getattr(tok, "unk_id", tokenizers.UNK), *framing_ids(trained).tolist()}
+    index: dict[int, int] = {}
+    texts: list[str] = []
+    of_L = np.full(len(ids_L), -1, np.int32)
+    for p, (mark, i) in enumerate(zip(seen, ids_L, strict=True)):
+        if mark < first or int(i) in unknown or not shown[p].strip():
+            continue
+        key, word = pieces[mark - first] if pieces else (int(mark), shown[p])
+        if key not in index:
+            index[key] = len(texts)
+            texts.append(word)
+        of_L[p] = index[key]
+    return Words(of_L, texts)
+
+
 NO_KNOWN_TOKENS = (
     "no known tokens: every token of the text but whitespace is outside the vocabulary"
 )
@@ -133,6 +150,7 @@ class Reading:
     text_tokens: int  # tokens of the whole text (CLS not counted)
     known_tokens: int  # of those read: in the vocabulary, neither whitespace nor PAD/UNK/CLS
     notes: list[str]  # when the answer reads less than it seems: mostly unknown tokens, a cut
+    cut: bool = False  # the text is longer than the model reads
 
 
 def reading(trained: Trained, text: str, ids_L: np.ndarray) -> Reading:
@@ -162,10 +180,12 @@ def reading(trained: Trained, text: str, ids_L: np.ndarray) -> Reading:
     whole = len(trained.tokenizer.encode(encoding.check_text(text)))
     frame = encoding.frame_of(tok)
     add_cls = trained.cfg.pooling == "cls"
-    specials = int(add_cls) if frame is None else sum(map(len, frame))  # CLS, or [CLS] [SEP]
+    specials = _specials(trained)
     data = trained.config.data
-    if whole > trained.cfg.max_len - specials:
-        note = f"read {_part_read(trained.cfg.max_len - specials, data.tail_len)} of {whole} tokens"
+    keep = trained.cfg.max_len - specials
+    if whole > keep:
+        only = "only " if 2 * keep < whole else ""  # most of the text unread: said loudly
+        note = f"read {only}{_part_read(keep, data.tail_len)} of {whole} tokens"
         if (
             getattr(trained.cfg, "bag_buckets", 0) and data.bag_len
         ):  # the bag reads more than attention does
@@ -174,7 +194,58 @@ def reading(trained: Trained, text: str, ids_L: np.ndarray) -> Reading:
             bag_read = "all" if whole <= bag_keep else _part_read(bag_keep, bag["tail_len"])
             note += f" (its bag: {bag_read})"
         notes.append(note)
-    return Reading(whole, known, notes)
+    return Reading(whole, known, notes, cut=whole > keep)
+
+
+def _specials(trained: Trained) -> int:
+    """How many of the tokens the model reads are put around the text: CLS, or [CLS] [SEP]."""
+    frame = encoding.frame_of(trained.tokenizer)
+    return int(trained.cfg.pooling == "cls") if frame is None else sum(map(len, frame))
+
+
+def longest_input(cfg: models.AnyConfig) -> int | None:
+    """The most tokens the model can read, special ones included: its encoder's positions (a
+    pretrained one), its learned position table (attn's); None when nothing bounds it (attn's
+    sinusoidal or no positions)."""
+    if models.family(cfg) != models.OWN:
+        return cfg.encoder.max_length
+    return cfg.max_len if cfg.positions == "learned" else None
+
+
+def reading_up_to(trained: Trained, max_len: int) -> Trained:
+    """`trained` reading up to `max_len` tokens of a text (special tokens included) instead of
+    the length it was trained with; UserError when the model cannot read that many."""
+    limit = longest_input(trained.cfg)
+    if limit is not None and max_len > limit:
+        why = (
+            "its learned positions end there; to read more, train with a longer data.max_len"
+            if models.family(trained.cfg) == models.OWN
+            else "its encoder's positions end there"
+        )
+        raise UserError(f"--max_len={max_len}: the model reads at most {limit} tokens ({why})")
+    least = _specials(trained) + trained.config.data.tail_len + 1
+    if max_len < least:
+        raise UserError(
+            f"--max_len={max_len}: the model needs at least {least} (its special tokens, the "
+            "text's tail it keeps, one more)"
+        )
+    config = ml_collections.ConfigDict(trained.config.to_dict())
+    config.data.max_len = max_len
+    cfg = dataclasses.replace(trained.cfg, max_len=max_len)
+    return dataclasses.replace(trained, config=config, cfg=cfg)
+
+
+def read_more(trained: Trained, whole: int) -> str:
+    """For a text of `whole` tokens that the model reads in part: how to read more of it
+    (predict --max_len), or why the model cannot."""
+    limit = longest_input(trained.cfg)
+    needed = whole + _specials(trained)
+    if limit is not None and limit <= trained.cfg.max_len:
+        table = "learned" if models.family(trained.cfg) == models.OWN else "encoder's"
+        return f"the model reads no more: its {table} positions end at {limit}"
+    more = needed if limit is None else min(needed, limit)
+    what = "all of it" if more == needed else "as much as its encoder's positions allow"
+    return f"it reads {trained.cfg.max_len} tokens (max_len): --max_len={more} reads {what}"
 
 
 def _part_read(keep: int, tail_len: int) -> str:
@@ -183,12 +254,3 @@ def _part_read(keep: int, tail_len: int) -> str:
     if not tail_len:
         return f"the first {head}"
     return f"the first {head} and last {tail_len}" if head else f"the last {tail_len}"
-
-
-def model_config(meta: dict, where: str) -> models.AnyConfig:
-    """The model config a checkpoint's meta records (of its family); UserError (naming `where`)
-    if unusable."""
-    try:
-        return models.config(checkpoints.family_of(meta), meta["model"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise UserError(f"{where} has an unusable model config: {e}") from None

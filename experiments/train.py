@@ -23,7 +23,7 @@ from experiments.data import chosen
 from experiments.errors import UserError
 from experiments.explain import plots
 from experiments.training import baseline
-from experiments.training.classify import train_and_evaluate
+from experiments.training.pipeline import train_and_evaluate
 
 __all__ = ["train_and_evaluate"]
 

@@ -172,7 +172,7 @@ def _draw(
     for n, (ids_L, bag_G, view_L, note) in enumerate(
         zip(encoded, bags, drawn, notes, strict=True), 1
     ):
-        result = maps.analyse(trained.params, cfg, ids_L, bag_G)
+        result = maps.analyse(trained.params, cfg, ids_L, bag_G, trained.config.data)
         tokens = trained.tokenizer.tokens(ids_L.tolist())
         label = trained.label_names[int(result["probs"].argmax())]
         caption = f"text {n}: {label} ({result['probs'].max():.2f})"

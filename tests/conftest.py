@@ -338,10 +338,10 @@ PRETRAIN_STEPS = 6  # of the `pretrained` fixture's run
 def pretrained(tmp_path_factory, tfds_dir) -> str:
     """A workdir after an uninterrupted in-process pretraining of configs/default.py:tiny (6
     steps of masked tokens). Read-only for tests."""
-    from experiments.training import masked_tokens
+    from experiments.training import pipeline
 
     def run_tiny(workdir: str) -> None:
-        masked_tokens.pretrain(tiny_config(tfds_dir, pretrain__max_steps=PRETRAIN_STEPS), workdir)
+        pipeline.pretrain(tiny_config(tfds_dir, pretrain__max_steps=PRETRAIN_STEPS), workdir)
 
     return _built_once(tmp_path_factory, "pretrained", run_tiny)
 

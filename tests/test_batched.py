@@ -342,6 +342,13 @@ _q, _k, _v = _qkv(19)
         (dict(mask=jnp.ones((T, S), jnp.int32)), TypeError, ["mask", "int32"]),
         (dict(bias=jnp.ones((3, 1, T, S))), ValueError, ["bias", "(3, 1, 5, 7)"]),
         (dict(value=_v.astype(jnp.int32)), TypeError, ["value", "int32"]),
+        # A bfloat16 query with float32 key and value was silently computed in float32.
+        (
+            dict(query=_q.astype(jnp.bfloat16)),
+            TypeError,
+            ["one dtype", "query bfloat16, key float32, value float32"],
+        ),
+        (dict(value=_v.astype(jnp.float16)), TypeError, ["one dtype", "value float16"]),
         (dict(key=_k[:, :6]), ValueError, ["(2, 6, 2, 8)", "must share"]),
         (dict(query=_q[:, :, :3]), ValueError, ["N=3", "K=2"]),
         (dict(implementation="cudnn"), ValueError, ["'cudnn'", "NVIDIA GPU", "'cpu'", "'xla'"]),

@@ -4,6 +4,7 @@ resume also run as real processes."""
 
 import csv
 import dataclasses
+import importlib
 import json
 import os
 import shutil
@@ -14,8 +15,9 @@ import textwrap
 import pytest
 from conftest import ROOT, assert_one_line_error, run, run_here, tiny_flags, tree_hash
 
-from experiments import evaluate, predict, serving, workdirs
+from experiments import cli, evaluate, predict, serving, workdirs
 from experiments.data import datasets, scripts
+from experiments.explain import maps
 
 
 def test_evaluate_predict_visualize_commands(trained_copy, capsys):
@@ -139,13 +141,17 @@ def test_an_answer_that_reads_less_than_it_seems_says_so(trained_copy, capsys):
     assert "note" not in predict.predict_one(trained, half, top=3)  # half unknown: no note
     p = predict.predict_one(trained, mostly, top=3)
     assert p["label"] in ("neg", "pos") and p["known_tokens"] == 1
+    assert [w for w, _ in p["top_tokens"]] == ["好"]  # never the unknown tokens
     assert p["note"] == (
         "mostly unknown: 3 of 4 tokens read are outside the vocabulary, so the answer rests on "
         "the other 1"
     )
     p = predict.predict_one(trained, long, top=3)
     assert (p["num_tokens"], p["text_tokens"]) == (64, 300)
-    assert p["note"] == "read the first 64 of 300 tokens"
+    assert p["note"] == (
+        "read only the first 64 of 300 tokens; the model reads no more: its learned positions "
+        "end at 64"
+    )
 
     stdin = "\n".join([half, mostly, long]).encode()
     for as_json in (False, True):
@@ -157,7 +163,8 @@ def test_an_answer_that_reads_less_than_it_seems_says_so(trained_copy, capsys):
         assert notes == [
             "note: text 2: mostly unknown: 3 of 4 tokens read are outside the vocabulary, so the "
             "answer rests on the other 1",
-            "note: text 3: read the first 64 of 300 tokens",
+            "note: text 3: read only the first 64 of 300 tokens; the model reads no more: its "
+            "learned positions end at 64",
         ]
         if as_json:
             answers = [json.loads(line) for line in proc.stdout.splitlines()]
@@ -165,9 +172,17 @@ def test_an_answer_that_reads_less_than_it_seems_says_so(trained_copy, capsys):
 
     proc = run_here("experiments.visualize", f"--workdir={trained_copy}", half, long, capsys=capsys)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.strip() == "note: text 2: read the first 64 of 300 tokens"
+    assert proc.stderr.strip() == "note: text 2: read only the first 64 of 300 tokens"
     with open(os.path.join(trained_copy, "visualize", "attention.html"), encoding="utf-8") as f:
-        assert "(read the first 64 of 300 tokens)" in f.read()
+        assert "(read only the first 64 of 300 tokens)" in f.read()
+    proc = run_here(
+        "experiments.predict", f"--workdir={trained_copy}", "--max_len=65", long, capsys=capsys
+    )
+    assert_one_line_error(
+        proc,
+        "--max_len=65: the model reads at most 64 tokens (its learned positions end there; to "
+        "read more, train with a longer data.max_len)",
+    )
 
 
 def test_a_cut_note_names_the_tail_and_what_the_bag_read(trained_copy):
@@ -177,14 +192,17 @@ def test_a_cut_note_names_the_tail_and_what_the_bag_read(trained_copy):
     with_tail = dataclasses.replace(trained, config=config)
     ids = serving.encode(with_tail, "好" * 300)
     assert serving.reading(with_tail, "好" * 300, ids).notes == [
-        "read the first 16 and last 48 of 300 tokens"
+        "read only the first 16 and last 48 of 300 tokens"
     ]
     with_bag = dataclasses.replace(with_tail, cfg=dataclasses.replace(trained.cfg, bag_buckets=64))
     assert serving.reading(with_bag, "好" * 300, ids).notes == [
-        "read the first 16 and last 48 of 300 tokens (its bag: the first 64 and last 192)"
+        "read only the first 16 and last 48 of 300 tokens (its bag: the first 64 and last 192)"
     ]
     assert serving.reading(with_bag, "好" * 200, ids).notes == [
-        "read the first 16 and last 48 of 200 tokens (its bag: all)"
+        "read only the first 16 and last 48 of 200 tokens (its bag: all)"
+    ]
+    assert serving.reading(with_tail, "好" * 100, ids).notes == [
+        "read the first 16 and last 48 of 100 tokens"  # more than half read: no "only"
     ]
 
 
@@ -427,3 +445,80 @@ def test_a_slow_xdist_worker_teardown_ends_without_a_traceback(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 passed" in proc.stdout
     assert "KeyboardInterrupt" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+def test_a_second_process_compiles_nothing_new(trained, tfds_dir, tmp_path):
+    """The commands keep compiled programs in the user's cache directory: a second train and
+    predict of the same shapes find every program there and write no new one."""
+    env = {
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "JAX_COMPILATION_CACHE_DIR": "",  # the tests' own cache off: the default place
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # every program, however quick
+    }
+    kept = tmp_path / "cache" / "attn" / "jax"
+    help_text = " ".join(run("experiments.predict", "--help", env=env).stdout.split())
+    assert f"Compiled programs are kept between runs in {kept} " in help_text
+    written = []
+    for n in range(2):
+        workdir = str(tmp_path / f"run{n}")
+        proc = run("experiments.train", *tiny_flags(tfds_dir), f"--workdir={workdir}", env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        proc = run("experiments.predict", f"--workdir={trained}", "很好看", "太差了", env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        written.append(sorted(os.listdir(kept)))
+    assert written[0] and written[1] == written[0]
+
+
+def test_texts_of_one_bucket_share_one_compiled_predict(trained_copy):
+    """predict pads a text to its training bucket (configs/default.py:tiny has one, 64), so a new
+    text length compiles nothing; padded keys are masked, so the answer is the unpadded one up to
+    the order of float32 sums over at most 64 positions."""
+    trained = serving.load(trained_copy)
+    texts = ["质量" * 11 + "很好", "质量" * 13 + "太差了，不满意"]  # 23 and 34 tokens with CLS
+    compiled = maps._forward._cache_size()
+    answers = [predict.predict_one(trained, text, top=3) for text in texts]
+    assert maps._forward._cache_size() - compiled <= 1
+    for text, p in zip(texts, answers, strict=True):
+        ids_L = serving.encode(trained, text)
+        unpadded = maps.analyse(trained.params, trained.cfg, ids_L, None)["probs"].max()
+        assert p["probability"] == pytest.approx(float(unpadded), abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "module, listed",
+    [
+        ("train", ["--config", "--workdir", "--print_config", "--num_processes"]),
+        ("pretrain", ["--config", "--workdir", "--num_processes"]),
+        ("evaluate", ["--workdir", "--split", "--num_processes"]),
+    ],
+)
+def test_help_lists_every_flag_of_the_command(module, listed):
+    # absl's --help lists the main module's key flags: those defined in experiments.cli and
+    # experiments.parallel were missing from train's, --config and --workdir among them.
+    from absl import flags
+
+    entry = importlib.import_module(f"experiments.{module}")
+    fv = flags.FlagValues()
+    cli.define_key_flags(entry.define_flags, fv, "the_command")
+    shown = fv.module_help("the_command")
+    for flag in listed:
+        assert f"  {flag}:" in shown or f"  --[no]{flag[2:]}:" in shown, shown
+
+
+def test_print_config_marks_what_a_checkpoint_decides(capsys):
+    # configs/finetune.py printed model.d_model = 64 and num_layers = 1, attn's own model's.
+    proc = run_here(
+        "experiments.train", "--config=configs/finetune.py", "--print_config", capsys=capsys
+    )
+    assert proc.returncode == 0, proc.stderr
+    values = {
+        name.strip(): value.strip()
+        for name, value in (line.split(" # ")[0].split(" = ") for line in proc.stdout.splitlines())
+    }
+    for name in ("model.d_model", "model.num_layers", "model.num_heads", "data.max_vocab"):
+        assert values[name] == "(the checkpoint's)", name
+    assert values["model.dropout"] == "0.1" and values["optim.learning_rate"] == "0.0001"
+    proc = run_here(
+        "experiments.train", "--config=configs/default.py", "--print_config", capsys=capsys
+    )
+    assert "(the checkpoint's)" not in proc.stdout

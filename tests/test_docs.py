@@ -219,3 +219,68 @@ def test_finetune_verdict_names_each_seed_short_of_the_margin():
     said = docs.finetune_verdict({"finetune": {"targets": targets, "runs": {}}})
     assert "(target 5: met on the mean, every seed)" in said
     assert "(target 5: met on the mean; seed 0: 4.90, 2: 4.50)" in said
+
+
+def test_readme_shows_fine_tuning_among_the_ways_in():
+    readme = _read("README.md")
+    ways = readme[readme.index("## ") : readme.index("## Results")]
+    ways = ways[ways.index("ways in") :]
+    commands = [args for page, program, args in _commands() if page == "README.md"]
+    assert any("--config=configs/finetune.py" in args for args in commands)
+    assert "configs/finetune.py" in ways and "--config.model.pretrained=" in ways
+
+
+def test_library_has_text_to_ids_for_a_pretrained_encoder():
+    blocks = [code for page, _, code in _blocks("python") if page == "docs/library.md"]
+    assert any(
+        "attn.encoders.load(" in code and "attn.encoders.encode(" in code and "tokenizers" in code
+        for code in blocks
+    )
+
+
+_CALL = re.compile(r"`((?:attn\.)?[\w.]+)\(([^`()]*)\)")
+
+
+def test_library_table_lists_every_parameter():
+    """Each call the API table writes out names every parameter of the function it names (a bare
+    name is in the module of the cell's previous dotted one), and the function exists."""
+    import inspect
+
+    import attn
+
+    text = _read("docs/library.md")
+    rows = [line for line in text.splitlines() if line.startswith("| `attn.")]
+    assert rows
+    missing = []
+    for row in rows:
+        cell = row.split(" | ")[0]
+        module = None
+        for name, args in _CALL.findall(cell):
+            if name.startswith("attn."):
+                *path, last = name.split(".")[1:]
+                module = attn
+                for part in path:
+                    module = getattr(module, part, None)
+                if module is None:
+                    missing.append(f"{name}: no such module")
+                    continue
+            elif module is None or "." in name:
+                continue
+            else:
+                last = name
+            fn = getattr(module, last, None)
+            if fn is None:
+                missing.append(f"{name}: no such function")
+                continue
+            if inspect.isclass(fn):
+                continue  # a dataclass's fields are elided as ...
+            listed = {a.split("=")[0].strip(" *") for a in args.split(",")}
+            params = inspect.signature(fn).parameters.values()
+            absent = [
+                p.name
+                for p in params
+                if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name not in listed
+            ]
+            if absent and "..." not in listed:
+                missing.append(f"{name}: {absent}")
+    assert not missing, "\n".join(missing)

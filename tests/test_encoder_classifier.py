@@ -125,16 +125,20 @@ def test_attention_steps_are_the_encoders_own_weights_and_outputs(tiny, layer):
 
 
 def test_the_input_embeddings_are_what_the_delta_moves(tiny):
-    """`embed` is word + position + type before the LayerNorm; a zero delta changes nothing and
-    gradient × input equals the finite difference of scaling one token's input embedding."""
+    """`embed` is the LayerNorm of word + position + type (the first block's input); a zero delta
+    changes nothing and gradient × input equals the finite difference of scaling one token's
+    input embedding."""
     params, enc = tiny
     cfg = encoder_classifier.Config(encoder=enc, max_len=16)
     clf = {**encoder_classifier.init(jax.random.key(0), cfg), "encoder": params}
     ids = jnp.asarray(_ids(np.random.default_rng(4), 2, 8, enc.vocab_size))
     x = encoder_classifier.embed(clf, ids, cfg)
     e = params["embed"]
-    want = e["tokens"][ids] + e["positions"][jnp.arange(8)] + e["types"][0]
-    np.testing.assert_allclose(x, want, atol=1e-6)
+    summed = e["tokens"][ids] + e["positions"][jnp.arange(8)] + e["types"][0]
+    mean = summed.mean(-1, keepdims=True)
+    var = ((summed - mean) ** 2).mean(-1, keepdims=True)
+    want = (summed - mean) / jnp.sqrt(var + enc.layer_norm_eps) * e["ln"]["scale"] + e["ln"]["bias"]
+    np.testing.assert_allclose(x, want, atol=1e-5)
     logits, _ = encoder_classifier.apply(clf, ids, cfg)
     zero, _ = encoder_classifier.apply(clf, ids, cfg, embed_delta_BxLxD=jnp.zeros_like(x))
     np.testing.assert_array_equal(zero, logits)

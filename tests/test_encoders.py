@@ -178,3 +178,19 @@ def test_configs_finetune_trains_each_family_and_the_commands_serve_it(name, tmp
         "experiments.visualize", f"--workdir={workdir}", "--steps", "a dull film", capsys=capsys
     )
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_gradient_times_input_is_taken_where_it_is_not_zero_by_construction(name):
+    """Gradient × input over the sum the embeddings' normalisation reads is 0 by construction (a
+    LayerNorm ignores its input's scale, so the gradient is orthogonal to the input): the scores
+    came out at 1e-8. Taken over the first block's input they explain the prediction."""
+    params_enc, enc = encoders.load(DATA / f"tiny_{name}")
+    cfg = attn.encoder_classifier.Config(encoder=enc, max_len=16)
+    params = {**attn.encoder_classifier.init(jax.random.key(0), cfg), "encoder": params_enc}
+    g = _golden(name)
+    tokens = np.asarray(attn.encoder_classifier.to_checkpoint(g["ids"], enc.pad_id))
+    with jax.default_matmul_precision("float32"):
+        scores = np.asarray(attn.importance.gradient(params, tokens, cfg))
+    real = g["mask"] > 0
+    assert np.abs(scores[real]).max() > 1e-3 and (scores[~real] == 0).all()

@@ -28,7 +28,7 @@ from conftest import (
 
 from attn import bert, encoder_classifier
 from configs import finetune as finetune_config
-from experiments import cli, evaluate, parallel, predict, serving, train
+from experiments import cli, evaluate, parallel, predict, serving, train, workdir_reader
 from experiments.data import checkpoint_tokenizer, chosen, encoding, tokenizers
 from experiments.errors import UserError
 from experiments.explain import faithfulness, maps, ranking
@@ -126,6 +126,61 @@ def test_evaluate_and_predict_serve_the_fine_tuned_workdir(finetuned, tmp_path, 
     assert proc.returncode == 0 and proc.stdout.splitlines()[1].split("\t")[0] in ("neg", "pos")
     proc = run_here("experiments.evaluate", f"--workdir={workdir}", capsys=capsys)
     assert proc.returncode == 0 and "accuracy" in proc.stdout
+
+
+def test_predict_lists_whole_words_never_pieces_special_or_unknown_tokens(finetuned):
+    """tiny_bert's vocabulary cuts "toaster" into six pieces and has no emoji: predict lists the
+    word, with the sum of its pieces' attention, and leaves [UNK], [CLS] and [SEP] out."""
+    trained = serving.load(finetuned)
+    text = "the toaster was great 😀"
+    ids_L = serving.encode(trained, text)
+    tokens = trained.tokenizer.tokens(ids_L.tolist())
+    assert tokens == ["[CLS]", "the", "t", "##o", "##a", "##s", "##t", "##er", "was"] + [
+        "great",
+        "[UNK]",
+        "[SEP]",
+    ]
+    p = predict.predict_one(trained, text, top=10)
+    assert sorted(w for w, _ in p["top_tokens"]) == ["great", "the", "toaster", "was"]
+    received_L = maps.analyse(trained.params, trained.cfg, ids_L, None, trained.config.data)[
+        "received"
+    ]
+    got = dict(p["top_tokens"])
+    assert got["toaster"] == pytest.approx(float(received_L[2:8].sum()), rel=1e-6)
+    assert got["was"] == pytest.approx(float(received_L[8]), rel=1e-6)
+    assert [w for w, _ in p["top_tokens"]] == sorted(got, key=lambda w: -got[w])
+
+
+def test_a_long_text_is_said_to_be_read_in_part_and_max_len_reads_more(finetuned, capsys):
+    """The tiny fine-tune reads 32 tokens (its data.max_len); tiny_bert's positions allow 40."""
+    trained = serving.load(finetuned)
+    long_text = "the film was great and moving " * 20  # 120 tokens
+    p = predict.predict_one(trained, long_text, top=3)
+    assert p["num_tokens"] == 32 and p["note"] == (
+        "read only the first 22 and last 8 of 120 tokens; it reads 32 tokens (max_len): "
+        "--max_len=40 reads as much as its encoder's positions allow"
+    )
+    longer = serving.reading_up_to(trained, 40)
+    p = predict.predict_one(longer, long_text, top=3)
+    assert p["num_tokens"] == 40 and p["note"] == (
+        "read only the first 30 and last 8 of 120 tokens; the model reads no more: its "
+        "encoder's positions end at 40"
+    )
+    short = predict.predict_one(trained, "the film was great and moving " * 6, top=3)  # 36
+    assert short["note"] == (
+        "read the first 22 and last 8 of 36 tokens; it reads 32 tokens (max_len): --max_len=38 "
+        "reads all of it"
+    )
+    proc = run_here(
+        "experiments.predict", f"--workdir={finetuned}", "--max_len=40", long_text, capsys=capsys
+    )
+    assert proc.returncode == 0 and "note: text 1: read only the first 30 and last 8" in proc.stderr
+    proc = run_here(
+        "experiments.predict", f"--workdir={finetuned}", "--max_len=41", long_text, capsys=capsys
+    )
+    assert_one_line_error(
+        proc, "--max_len=41: the model reads at most 40 tokens (its encoder's positions end there)"
+    )
 
 
 def test_the_explaining_commands_serve_the_fine_tuned_workdir(finetuned, tmp_path, capsys):
@@ -431,6 +486,21 @@ def test_the_length_is_chosen_in_the_checkpoints_tokens(csv):
     assert resolved.train.num_epochs == 4  # 30,000 / about 130 texts, at most 4
 
 
+def test_data_info_reads_the_checkpoints_tokenizer(csv, capsys):
+    # It used to pass config.data alone on, and then said model.pretrained was empty.
+    flags = ["--config=configs/finetune.py", f"--config.model.pretrained={TINY_BERT}"]
+    proc = run_here("experiments.data_info", *flags, f"--config.data.path={csv}", capsys=capsys)
+    assert proc.returncode == 0, proc.stderr
+    head, _, *rows = proc.stdout.splitlines()
+    assert "tokenizer pretrained  vocab_size 99  max_len 32" in head
+    # Each text is "the film <i> was <a> and <b>": 7 word pieces, the number tiny_bert's only
+    # [UNK] (its vocabulary has no digits), and [CLS] and [SEP] counted as max_len counts them.
+    assert [row.split()[0] for row in rows] == ["train", "validation", "test"]
+    for row in rows:
+        tokens, cut, unk = row.split()[-3:]
+        assert (tokens, cut, unk) == ("9/9/9/9", "0.0%", "14.29%"), row
+
+
 def test_what_fine_tuning_cannot_do_is_refused_in_one_line(csv, tmp_path, capsys):
     workdir = str(tmp_path / "w")
     for more, fragments in (
@@ -539,7 +609,7 @@ def test_a_fine_tunes_checkpoint_from_before_the_bag_still_resumes(csv):
     bagged = finetune.model_config(_config(csv, model__bag_buckets=64), enc, 2)
     bag_meta = checkpoints.new_meta(bagged, ["n", "p"], ema=False)
     assert checkpoints._run_fields(bag_meta) != checkpoints._run_fields(old)
-    assert serving.model_config(old, "old") == finetune.model_config(_config(csv), enc, 2)
+    assert workdir_reader.model_config(old, "old") == finetune.model_config(_config(csv), enc, 2)
 
 
 def test_a_weight_averaged_fine_tune_is_served_and_resumed_as_trained(csv, tmp_path, monkeypatch):

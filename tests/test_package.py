@@ -12,7 +12,16 @@ import tomllib
 
 ROOT = pathlib.Path(__file__).parent.parent
 # experiments/'s top level: the commands and these modules they share; the rest sit in rooms.
-SHARED = {"cli", "errors", "fields", "parallel", "serving", "workdirs"}
+SHARED = {
+    "cli",
+    "compile_cache",
+    "errors",
+    "fields",
+    "parallel",
+    "serving",
+    "workdir_reader",
+    "workdirs",
+}
 
 
 def test_readme_python_example_runs():
@@ -40,6 +49,25 @@ def test_library_sources_do_no_io():
             if path.name == "bert.py" and forbidden == "open(":
                 continue  # attn's one I/O: bert.load reads a checkpoint directory
             assert forbidden not in source, f"{path.name} contains {forbidden!r}"
+
+
+def test_the_objectives_hold_their_loss_step_and_evaluation_and_the_pipeline_the_runs():
+    from experiments import pretrain, train
+    from experiments.training import classify, masked_tokens, pipeline
+
+    assert train.train_and_evaluate is pipeline.train_and_evaluate
+    assert pretrain.pipeline.pretrain is pipeline.pretrain
+    for objective in (classify, masked_tokens):
+        assert {"train_step", "evaluate"} <= set(vars(objective))
+        assert not {"train_and_evaluate", "pretrain"} & set(vars(objective))
+        tree = ast.parse(pathlib.Path(objective.__file__).read_text(encoding="utf-8"))
+        imported = {
+            alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module == "experiments.training"
+            for alias in node.names
+        }
+        assert not imported & {"setup", "pipeline", "baseline", "warm_start", "finetune"}
 
 
 def test_no_module_in_experiments_imports_an_entry_point():

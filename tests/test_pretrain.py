@@ -23,7 +23,15 @@ from conftest import (
 from experiments import train
 from experiments.data import datasets, tokenizers, unlabeled
 from experiments.errors import UserError
-from experiments.training import checkpoints, loop, masked_tokens, warm_start
+from experiments.training import (
+    checkpoints,
+    loop,
+    masked_tokens,
+    optim,
+    pipeline,
+    schedule,
+    warm_start,
+)
 
 
 def _best_step(workdir: str) -> int:
@@ -62,6 +70,50 @@ def _starting_state(config, workdir, monkeypatch) -> dict:
     with pytest.raises(Started) as got:
         train.train_and_evaluate(config, workdir)
     return got.value.args[0]
+
+
+def test_pretraining_runs_on_its_own_schedule_without_rewriting_the_config(
+    tfds_dir, tmp_path, monkeypatch
+):
+    config = tiny_config(
+        tfds_dir,
+        pretrain__max_steps=7,
+        pretrain__learning_rate=0.5,
+        pretrain__warmup_steps=3,
+        train__patience=2,
+    )
+    given = config.to_dict()
+    peaks = []
+    make_optimizer = optim.make_optimizer
+
+    def recorded(*args, **kw):
+        peaks.append((kw["learning_rate"], kw["warmup_steps"]))
+        return make_optimizer(*args, **kw)
+
+    class Started(Exception):
+        pass
+
+    def capture(r: loop.Run):
+        raise Started(r.schedule)
+
+    monkeypatch.setattr(optim, "make_optimizer", recorded)
+    monkeypatch.setattr(loop, "run", capture)
+    with pytest.raises(Started) as got:
+        pipeline.pretrain(config, str(tmp_path / "p"))
+    p, t = config.pretrain, config.train
+    assert t.patience and (config.optim.learning_rate, config.optim.warmup_steps) != (0.5, 3)
+    assert got.value.args[0] == schedule.Schedule(
+        total_steps=7,
+        learning_rate=0.5,
+        warmup_steps=3,
+        eval_every_steps=p.eval_every_steps,
+        checkpoint_every_steps=p.checkpoint_every_steps,
+        log_every_steps=t.log_every_steps,
+        keep_checkpoints=t.keep_checkpoints,
+        patience=0,  # more pretraining does not hurt
+        max_nonfinite=config.optim.max_nonfinite,
+    )
+    assert peaks == [(0.5, 3)] and config.to_dict() == given
 
 
 def test_finetuning_starts_from_the_pretrained_encoder(pretrained, tfds_dir, tmp_path, monkeypatch):
@@ -138,6 +190,27 @@ def test_refusals_name_the_field(case, pretrained, tfds_dir, tmp_path, capsys):
     proc = run_here(entry, *flags, capsys=capsys)
     assert_one_line_error(proc, *want)
     assert not os.path.exists(workdir)  # a refused run leaves nothing behind
+
+
+@pytest.mark.parametrize(
+    "more",
+    [
+        [],
+        ["--config.model.pretrained=tests/data/bert/tiny_bert"],
+        ["--config.model.pretrained=tests/data/bert/tiny_bert", "--config.pretrain.max_steps=10"],
+    ],
+)
+def test_pretraining_a_checkpoints_encoder_is_refused_saying_what_to_run(more, tmp_path, capsys):
+    # It asked for pretrain.num_epochs first, then to start from configs/finetune.py, the config
+    # in use.
+    workdir = str(tmp_path / "run")
+    flags = ["--config=configs/finetune.py", f"--workdir={workdir}", *more]
+    proc = run_here("experiments.pretrain", *flags, capsys=capsys)
+    assert_one_line_error(
+        proc, "does not pretrain a checkpoint's encoder", "python -m experiments.train"
+    )
+    assert "start from configs/finetune.py" not in proc.stderr
+    assert not os.path.exists(workdir)
 
 
 def test_a_pretraining_workdir_does_not_answer_as_a_classifier(pretrained, capsys):
@@ -247,7 +320,7 @@ def test_pretraining_reads_its_tokenizer_from_all_its_texts(tfds_dir, tmp_path):
     config.unlock()
     config.pretrain.eval_every_steps = config.pretrain.checkpoint_every_steps = 1
     workdir = str(tmp_path / "p")
-    masked_tokens.pretrain(config, workdir)
+    pipeline.pretrain(config, workdir)
     assert "齉" in tokenizers.load_tokenizer(workdir).vocab
 
 

@@ -364,7 +364,8 @@ def test_predict_command_bad_lines_on_stdin(trained, capsys):
         cut = list(TEXTS).index("1 MB line") + 1
         latin = list(TEXTS).index("another script") + 1  # the model read Chinese
         assert len(notes) == 2 and notes[0] == (
-            f"note: text {cut}: read the first 64 of {len(MB_LINE)} tokens"
+            f"note: text {cut}: read only the first 64 of {len(MB_LINE)} tokens; the model "
+            "reads no more: its learned positions end at 64"
         )
         assert re.fullmatch(
             rf"note: text {latin}: written in Latin letters, which were \d+\.\d% of the letters "

@@ -1,6 +1,7 @@
-"""Loading a trained run without training one: a workdir written by hand (config.json, a
-tokenizer, checkpoints of a known state) is served with exactly its weights, its labels and a
-description of which checkpoint answers; what cannot be served is refused in one line."""
+"""Reading a trained run without training one: a workdir written by hand (config.json, a
+tokenizer, checkpoints of a known state) is read by the one reader that serving and warm start
+share, and served with exactly its weights, its labels and a description of which checkpoint
+answers; what cannot be served is refused in one line."""
 
 import os
 import re
@@ -10,10 +11,10 @@ import numpy as np
 import pytest
 
 from configs import default
-from experiments import fields, serving, workdirs
+from experiments import fields, serving, workdir_reader, workdirs
 from experiments.data import tokenizers
 from experiments.errors import UserError
-from experiments.training import checkpoints, optim
+from experiments.training import checkpoints, optim, warm_start
 
 LABELS = ("neg", "pos")
 
@@ -46,6 +47,40 @@ def _workdir(tmp_path, *, ema=False, best=True, finished=False, objective=checkp
 def _assert_same(a, b):
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_the_reader_gives_what_the_workdir_holds_and_reads_only_the_served_weights(tmp_path):
+    workdir, states = _workdir(tmp_path, ema=True)
+    held = workdir_reader.read(workdir)
+    assert (held.which, held.step, held.label_names, held.served) == (
+        checkpoints.BEST,
+        4,
+        LABELS,
+        "ema",
+    )
+    assert held.config.to_dict() == workdirs.read_config(f"{workdir}/config.json").to_dict()
+    assert held.objective == checkpoints.CLASSIFIER and held.tokenizer.vocab_size == 6
+    assert held.cfg == fields.model_config(held.config, 6, len(LABELS)) and held.scripts is None
+    assert held.describe() == f"the best checkpoint (step 4) of {workdir}"
+    _assert_same(held.weights(), states[4]["ema"])
+    embed = held.weights(lambda name: name == "embed")
+    assert set(embed) == {"embed"}
+    _assert_same(embed["embed"], states[4]["ema"]["embed"])
+    last = workdir_reader.read(workdir, checkpoints.LAST)
+    assert (last.which, last.step) == (checkpoints.LAST, 6)
+    _assert_same(last.weights(), states[6]["ema"])
+
+
+def test_serving_and_warm_start_read_a_workdir_through_the_one_reader(tmp_path, monkeypatch):
+    workdir, _ = _workdir(tmp_path)
+    reads = []
+    real = workdir_reader.read
+    monkeypatch.setattr(workdir_reader, "read", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
+    serving.load(workdir)
+    src = warm_start.source(workdir)
+    assert reads == [workdir, workdir] and src.step == 4
+    with pytest.raises(UserError, match=re.escape("model.init_from='nowhere' does not exist")):
+        warm_start.source("nowhere")
 
 
 def test_the_best_checkpoint_is_served_with_its_weights_labels_and_tokenizer(tmp_path):

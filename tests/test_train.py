@@ -4,9 +4,9 @@ import itertools
 import json
 import os
 import re
+import shutil
 
 import jax
-import ml_collections
 import numpy as np
 import pytest
 from conftest import (
@@ -24,7 +24,7 @@ from experiments import evaluate, parallel, predict, serving, train, visualize, 
 from experiments.data import encoding, tokenizers
 from experiments.errors import UserError
 from experiments.explain import maps
-from experiments.training import bag_prior, checkpoints, classify, loop, metrics
+from experiments.training import bag_prior, checkpoints, classify, loop, metrics, schedule
 
 EVAL_KEYS = {"accuracy", "macro_f1", "loss", "confusion", "num_examples"}
 
@@ -46,8 +46,7 @@ def test_the_expected_time_weighs_each_batch_shape_by_how_often_it_comes():
 
 
 def test_the_expected_time_times_every_batch_shape_of_the_run():
-    config = ml_collections.ConfigDict({"train": {"eval_every_steps": 10}})
-    shapes = []
+    shapes, compiled = [], []
 
     def step(state, batch):
         shapes.append(batch["tokens"].shape)
@@ -59,21 +58,37 @@ def test_the_expected_time_times_every_batch_shape_of_the_run():
 
     r = loop.Run(
         workdir="",
-        config=config,
+        schedule=schedule.Schedule(
+            total_steps=70,
+            learning_rate=1.0,
+            warmup_steps=0,
+            eval_every_steps=10,
+            checkpoint_every_steps=10,
+            log_every_steps=10,
+            keep_checkpoints=1,
+            patience=0,
+            max_nonfinite=1,
+        ),
         dp=parallel.data_parallel({"batch_size": 4, "eval_batch_size": 4}),
-        total_steps=70,
         meta={},
         init_state=lambda fresh: None,
         step=step,
+        compile=lambda state, batch: compiled.append(batch["tokens"].shape),
         batches=batches,
         evaluate=lambda state: {},
+        served=lambda state: state,
         write_run_files=lambda: None,
     )
-    line = loop._expected_time(r, {"w": jax.numpy.zeros(3)}, start=10)
+    state = {"w": jax.numpy.zeros(3)}
+    counts, first = loop._next_shapes(r, start=10)
+    assert counts == {(("tokens", (4, 16)),): 12, (("tokens", (4, 8)),): 48}
+    loop._compile_ahead(r, state, first)
+    assert sorted(compiled) == [(4, 8), (4, 16)] and not shapes  # compiled, nothing run
+    line = loop._expected_time(r, state, 10, counts, first, compiled_in=12.3)
     assert line.startswith("expected: ") and " for 60 steps " in line
-    assert line.endswith("over its 2 batch shapes), plus 6 evaluations")
-    assert sorted(shapes) == [(4, 8)] * 3 + [(4, 16)] * 3  # each compiled, then timed twice
-    assert loop._expected_time(r, {"w": jax.numpy.zeros(3)}, start=21) is None  # 49 steps left
+    assert line.endswith("over its 2 batch shapes, compiled ahead in 12 s), plus 6 evaluations")
+    assert sorted(shapes) == [(4, 8)] * 3 + [(4, 16)] * 3  # each run once, then timed twice
+    assert loop._expected_time(r, state, 21, counts, first, 0.0) is None  # 49 steps left
 
 
 def test_training_writes_checkpoints_metrics_and_test_results(trained):
@@ -151,6 +166,34 @@ def test_evaluate_predict_visualize(trained_copy, tmp_path):
     assert "质" in html and "text 2" in html
 
 
+def test_the_best_checkpoint_keeps_only_the_served_weights_and_the_step(trained):
+    (best,) = os.listdir(os.path.join(trained, "best"))
+    kept = saved_state(trained, int(best), "best")
+    assert set(kept) == {"params", "step"} and int(kept["step"]) == int(best)
+    whole = saved_state(trained, int(best))  # the last checkpoints keep what resuming needs
+    assert {"params", "opt_state", "step", "rng"} <= set(whole)
+    assert_trees_equal(kept["params"], whole["params"])
+
+
+def test_a_workdir_whose_best_checkpoint_holds_the_whole_state_still_serves_and_reruns(
+    trained_copy, tfds_dir
+):
+    """Workdirs written before the best checkpoint kept the served weights alone."""
+    (best,) = os.listdir(os.path.join(trained_copy, "best"))
+    whole = saved_state(trained_copy, int(best))
+    with checkpoints.reader(trained_copy, checkpoints.BEST) as mngr:
+        meta = checkpoints.read_meta(mngr, int(best))
+    shutil.rmtree(os.path.join(trained_copy, "best"))
+    with checkpoints.writer(trained_copy, checkpoints.BEST, 1) as mngr:
+        checkpoints.save(mngr, int(best), whole, meta)
+    assert_trees_equal(serving.load(trained_copy).params, whole["params"])
+    with open(os.path.join(trained_copy, "eval_test.json"), encoding="utf-8") as f:
+        before = json.load(f)
+    again = train.train_and_evaluate(tiny_config(tfds_dir), trained_copy)  # nothing left to train
+    assert (again["step"], again["confusion"]) == (before["step"], before["confusion"])
+    assert again["loss"] == before["loss"]
+
+
 def test_resume_after_interrupt_matches_uninterrupted_run(trained, tfds_dir, tmp_path, monkeypatch):
     workdir = str(tmp_path / "run")
     # After the step-3 checkpoint, with steps 4 and 5 done, 4 logged.
@@ -193,17 +236,19 @@ def test_refused_run_leaves_no_vocabulary_then_a_new_config_builds_its_own(tfds_
 
 
 def test_a_rerun_with_other_label_names_names_that_field(tmp_path):
-    """Skipping a stray label also changes num_classes; the refusal names the data field the
-    user changed, not the model difference it causes."""
+    """Skipping a small class declared before also changes num_classes; the refusal names the
+    data field the user changed, not the model difference it causes."""
     rows = [f"review {i},{'pos' if i % 2 else 'neg'}" for i in range(200)] + ["review x,meh"]
     path = tmp_path / "r.csv"
     path.write_text("text,label\n" + "\n".join(rows) + "\n", encoding="utf-8")
     workdir = str(tmp_path / "run")
     config = tiny_config("", data__dataset="file", data__path=str(path), train__max_steps=1)
+    config.data.label_names = ("meh", "neg", "pos")
     train.train_and_evaluate(config, workdir)
     before = tree_hash(workdir)
     config.data.label_names = ("neg", "pos")
-    with pytest.raises(UserError, match=re.escape("data.label_names: workdir [] vs config")):
+    workdir_said = "data.label_names: workdir ['meh', 'neg', 'pos'] vs config"
+    with pytest.raises(UserError, match=re.escape(workdir_said)):
         train.train_and_evaluate(config, workdir)
     assert tree_hash(workdir) == before
 
@@ -251,9 +296,10 @@ def test_weight_average_is_what_evaluate_and_predict_use(tfds_dir, tmp_path):
     workdir = str(tmp_path / "ema")
     train.train_and_evaluate(tiny_config(tfds_dir, optim__ema_decay=0.9), workdir)
     best_step = int(os.listdir(os.path.join(workdir, "best"))[0])
-    state = saved_state(workdir, best_step, which="best")
+    state = saved_state(workdir, best_step)  # the last checkpoints hold it too, whole
     loaded = serving.load(workdir)
     assert_trees_equal(loaded.params, state["ema"])
+    assert_trees_equal(saved_state(workdir, best_step, which="best")["ema"], state["ema"])
     gap = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), state["ema"], state["params"])
     assert max(jax.tree.leaves(gap)) > 0  # the average really differs from the last weights
     # The logged best validation accuracy was computed with the average.

@@ -5,7 +5,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import run_here
+from conftest import assert_one_line_error, run_here
 
 from experiments.data import splits, user_files
 from experiments.errors import UserError
@@ -268,20 +268,42 @@ def test_bad_arguments_and_tiny_split(tmp_path):
         user_files.load_splits(path, ("train", empty))
 
 
-def test_a_label_seen_once_is_named(tmp_path, capsys):
+def test_a_label_seen_once_is_refused_naming_its_row(tmp_path):
     rows = [f"review {i},{'pos' if i % 2 else 'neg'}" for i in range(40)]
     rows.insert(17, "review odd,neutral")
     path = tmp_path / "r.csv"
     path.write_text("text,label\n" + "\n".join(rows) + "\n", encoding="utf-8")
-    names = user_files.load(str(path))["train"][2]
-    assert names == ("neg", "neutral", "pos")  # still a class: the user decides
-    err = capsys.readouterr().err
-    assert "label 'neutral' occurs only once (line 19)" in err and "data.label_names" in err
-    user_files.load(str(path), label_names=("neg", "pos"), max_bad_fraction=0.05)
-    assert "occurs only once" not in capsys.readouterr().err  # named labels: it is a bad row
+    with pytest.raises(UserError) as e:
+        user_files.load(str(path))
+    assert "'neutral' (1 row: line 19)" in str(e.value) and "\n" not in str(e.value)
+    # Either declaration is a fix: without it the row is a bad one, with it a class.
+    skipped = user_files.load(str(path), label_names=("neg", "pos"), max_bad_fraction=0.05)
+    assert skipped["train"][2] == ("neg", "pos")
+    kept = user_files.load(str(path), label_names=("neg", "neutral", "pos"))
+    assert sum(int((y == 1).sum()) for _, y, _ in kept.values()) == 1
 
 
-def test_a_rare_label_spelt_like_a_common_one_is_named_with_the_label_meant(tmp_path, capsys):
+def test_a_misspelt_label_is_refused_not_trained_as_a_class(tmp_path):
+    # 900 rows, 3 of which say `negativ`: they used to become a third class after a warning.
+    labels = ["positive", "negative"] * 450
+    for i in (40, 41, 700):
+        labels[i] = "negativ"
+    path = _csv(tmp_path, ["text,label", *(f"review {i},{y}" for i, y in enumerate(labels))])
+    with pytest.raises(UserError) as e:
+        user_files.load(path)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert "'negativ' (3 rows: line 42, line 43, line 702; spelt like 'negative'" in msg
+    assert "Fix those rows" in msg
+    assert """--config.data.label_names="('negative', 'positive')\"""" in msg
+    assert "add a label to that list to keep it as a class" in msg
+    assert user_files.load(path, label_names=("negative", "positive"))["train"][2] == (
+        "negative",
+        "positive",
+    )
+
+
+def test_every_rare_label_is_named_in_one_line_with_the_label_meant(tmp_path):
     # 300 rows: 4 of them (1.3%) say `postive`; 2 say `neutral`, spelt like no other label.
     labels = ["positive", "negative"] * 147
     labels[10:14] = ["postive"] * 4
@@ -290,18 +312,20 @@ def test_a_rare_label_spelt_like_a_common_one_is_named_with_the_label_meant(tmp_
     rows = [f"review {i},{label}" for i, label in enumerate(labels)]
     path = tmp_path / "r.csv"
     path.write_text("text,label\n" + "\n".join(rows) + "\n", encoding="utf-8")
-    names = user_files.load(str(path))["train"][2]
-    assert names == ("Negative", "negative", "neutral", "positive", "postive")  # the user decides
-    err = capsys.readouterr().err
-    typo = next(line for line in err.splitlines() if "'postive'" in line)
-    assert "(4 of 300 rows, line 12, line 13, line 14, line 15)" in typo
-    assert "a misspelling of 'positive' (" in typo
-    assert """--config.data.label_names="('negative', 'positive')\"""" in typo
-    case = next(line for line in err.splitlines() if "'Negative'" in line)
-    assert "'Negative' (1 of 300 rows, line 296) looks like a misspelling of 'negative'" in case
-    neutral = next(line for line in err.splitlines() if "'neutral'" in line)
-    assert "occurs on only 2 of 300 rows (0.7%: line 102, line 103)" in neutral
-    assert "misspelling" not in neutral
+    with pytest.raises(UserError) as e:
+        user_files.load(str(path))
+    msg = str(e.value)
+    assert "'Negative' (1 row: line 296; spelt like 'negative', 147 rows)" in msg
+    assert "'neutral' (2 rows: line 102, line 103)," in msg
+    assert (
+        "'postive' (4 rows: line 12, line 13, line 14, line 15; spelt like 'positive', 146 rows)"
+        in msg
+    )
+    # Skipping 7 of 300 rows is more than the default 1% of bad rows: the advice says so.
+    flag = """--config.data.label_names="('negative', 'positive')" """
+    assert flag + "--config.data.max_bad_fraction=0.03" in msg
+    out = user_files.load(str(path), label_names=("negative", "positive"), max_bad_fraction=0.03)
+    assert out["train"][2] == ("negative", "positive")
 
 
 def test_labels_that_are_merely_few_or_alike_are_not_warned_about(tmp_path, capsys):
@@ -318,9 +342,9 @@ def test_the_advice_for_a_label_seen_once_is_a_flag_that_works(tmp_path, capsys)
     path.write_text("text,label\n" + "\n".join(rows) + "\n", encoding="utf-8")
     base = ["--config=configs/csv.py:tiny", f"--config.data.path={path}"]
     proc = run_here("experiments.data_info", *base, capsys=capsys)
-    assert proc.returncode == 0 and "labels ['neg', 'neutral', 'pos']" in proc.stdout
-    # The warning names the flag to pass, quoted for a shell.
-    value = re.search(r'skip it with --config\.data\.label_names="([^"]+)"', proc.stderr)[1]
+    # The refusal names the flag to pass, quoted for a shell.
+    error = assert_one_line_error(proc, "'neutral' (1 row: line 202)")
+    value = re.search(r'--config\.data\.label_names="([^"]+)"', error)[1]
     proc = run_here(
         "experiments.data_info", *base, f"--config.data.label_names={value}", capsys=capsys
     )

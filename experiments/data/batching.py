@@ -63,6 +63,15 @@ def bag_sizes(buckets: Sequence[int], max_len: int, bag_len: int) -> tuple[int, 
     return bucket_sizes((*buckets, *doubled), bag_len)
 
 
+def pad_one(x_L: np.ndarray, sizes: Sequence[int], fill: int) -> np.ndarray:
+    """int32 [X]: one text's x_L and `fill` after it, X the first of `sizes` that holds it (its
+    own length when none does), so that texts of one bucket share one compiled shape."""
+    size = next((s for s in sizes if s >= len(x_L)), len(x_L))
+    out = np.full((size,), fill, np.int32)
+    out[: len(x_L)] = x_L
+    return out
+
+
 def epoch_order(lengths: np.ndarray, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
     """The example indices of each batch of one epoch, in training order."""
     rng = np.random.default_rng([seed, epoch])

@@ -92,6 +92,18 @@ class CheckpointTokenizer:
         ids = np.array(self._hf.encode(text, add_special_tokens=False).ids, np.int32)
         return self._exchange(ids)
 
+    def words(self, text: str) -> list[tuple[int, str]]:
+        """For each token of `encode(text)`: the number of the word it is a piece of, and that
+        word as the text writes it (the tokenizer's own words: "toaster" for "toast" "##er";
+        BERT's split punctuation off)."""
+        text = text.lower() if self.lowercase else text
+        enc = self._hf.encode(text, add_special_tokens=False)
+        spans: dict[int, tuple[int, int]] = {}
+        for w, (start, end) in zip(enc.word_ids, enc.offsets, strict=True):
+            s, e = spans.get(w, (start, end))
+            spans[w] = (min(s, start), max(e, end))
+        return [(w, text[slice(*spans[w])]) for w in enc.word_ids]
+
     def tokens(self, ids: Iterable[int]) -> list[str]:
         own = self._exchange(np.array(list(ids), np.int64))
         unk = self._hf.id_to_token(int(self._exchange(np.array([self.unk_id]))[0]))  # its own

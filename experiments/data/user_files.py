@@ -27,6 +27,7 @@ import difflib
 import functools
 import io
 import json
+import math
 import os
 import re
 import sys
@@ -130,7 +131,7 @@ def load(
         _warn(f"{msg}; skipped them")
 
     if not label_names:
-        _warn_single_labels(named, rows, good)
+        _refuse_rare_labels(named, rows, good, len(bad), max_bad_fraction)
     names = tuple(label_names) if label_names else tuple(sorted({lab for _, lab, _ in good}))
     if len(names) < 2:
         raise UserError(
@@ -147,45 +148,50 @@ def load(
     return {s: (t, np.asarray(y, np.int32), names) for s, (t, y) in out.items()}
 
 
-def _warn_single_labels(named: str, rows: list[Row], good: list) -> None:
+def _refuse_rare_labels(
+    named: str, rows: list[Row], good: list, bad: int, max_bad_fraction: float
+) -> None:
     """A label on a few rows among many is most likely a typo (`neutral` among pos/neg, `Pos` or
-    `postive` for `pos`/`positive`), yet it would become a class of its own and could even score
-    well (its rows share the typo, not the sentiment): say which rows have it and, when it is
-    spelt nearly like a common label, which label was likely meant."""
+    `negativ` for `pos`/`negative`), yet it would become a class of its own and could even score
+    well (its rows share the typo, not the sentiment): refuse, naming each such label with its
+    rows and, when it is spelt nearly like a common label, the label likely meant, and say both
+    fixes: correct the rows, or declare the labels (data.label_names), which skips the others as
+    malformed rows or, listed, keeps a small class on purpose. `bad`: the rows already skipped."""
     counts = collections.Counter(label for _, label, _ in good)
     if len(good) < 10:
         return
     # Rare next to the whole file and to the largest class: many small classes are no typos.
     top = max(counts.values())
-    rare = {
+    rare = sorted(
         label
         for label, n in counts.items()
         if n == 1 or (n < RARE_LABEL * len(good) and n < top / 10)
-    }
+    )
+    if not rare:
+        return
     common = tuple(label for label in sorted(counts) if label not in rare)
-    for label in sorted(rare):
+    named_labels = []
+    for label in rare:
         n = counts[label]
         wheres = [r[0] for r in rows if r[2] is not None and r[2].strip() == label]
-        fix = (
-            "Fix the row, or skip it" if n == 1 else "Fix those rows, or skip them"
-        ) + f' with --config.data.label_names="{common!r}"'
         meant = _likely_meant(label, [c for c in common if counts[c] > n])
-        if meant is not None:
-            _warn(
-                f"{named}: label {label!r} ({n} of {len(good)} rows, {_lines(wheres)}) looks like "
-                f"a misspelling of {meant!r} ({counts[meant]} rows), yet it becomes a class of "
-                f"its own. {fix}"
-            )
-        elif n == 1:
-            _warn(
-                f"{named}: label {label!r} occurs only once ({wheres[0]}); it becomes a class of "
-                f"its own. {fix}"
-            )
-        else:
-            _warn(
-                f"{named}: label {label!r} occurs on only {n} of {len(good)} rows "
-                f"({n / len(good):.1%}: {_lines(wheres)}); it becomes a class of its own. {fix}"
-            )
+        like = f"; spelt like {meant!r}, {counts[meant]} rows" if meant is not None else ""
+        named_labels.append(f"{label!r} ({n} row{'s' * (n > 1)}: {_lines(wheres)}{like})")
+    skipped = bad + sum(counts[label] for label in rare)
+    flag = f'--config.data.label_names="{common!r}"'
+    if skipped > max_bad_fraction * len(rows):  # skipping them must not refuse the file instead
+        flag += f" --config.data.max_bad_fraction={math.ceil(100 * skipped / len(rows)) / 100}"
+    what = (
+        "a label on only a few of {n} rows, most likely a mistake, would become a class of its own"
+        if len(rare) == 1
+        else "labels on only a few of {n} rows, most likely mistakes, would become classes of "
+        "their own"
+    ).format(n=len(good))
+    rows_word = "that row" if skipped - bad == 1 else "those rows"
+    raise UserError(
+        f"{named}: {what}: {', '.join(named_labels)}. Fix {rows_word}, or declare the labels: "
+        f"{flag} skips {rows_word} as malformed (add a label to that list to keep it as a class)"
+    )
 
 
 RARE_LABEL = 0.02  # a label on fewer than this fraction of the rows may be a mistake

@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from attn import models, multihead
+from experiments.data import batching
+from experiments.data.tokenizers import PAD
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -26,25 +28,40 @@ def _forward(
 
 
 def analyse(
-    params: Any, cfg: models.AnyConfig, ids_L: np.ndarray, bag_ids_G: np.ndarray | None
+    params: Any,
+    cfg: models.AnyConfig,
+    ids_L: np.ndarray,
+    bag_ids_G: np.ndarray | None,
+    data: Any = None,
 ) -> dict:
     """Probabilities [C], per-layer attention [H, L, L] and the attention each token receives [L]
     of one text's ids [L] (and what its bag reads [M], if the model's bag reads more of it).
 
-    Chunked attention never forms the weights, so maps are computed with the matrix form:
-    the same function of the same parameters.
+    With `data` (config.data), the ids are padded to the length of the batch training would put
+    them in (its buckets; the bag's to `batching.bag_sizes`), as evaluate pads them: PAD keys
+    are masked, so only float rounding changes, and every text of a bucket runs one compiled
+    program instead of one per text length. Chunked attention never forms the weights, so maps
+    are computed with the matrix form: the same function of the same parameters.
     """
     cfg = dataclasses.replace(cfg, implementation="matrix")
-    tokens_1xL = jnp.asarray(ids_L[None, :], jnp.int32)
-    bag_1xG = None if bag_ids_G is None else jnp.asarray(bag_ids_G[None, :], jnp.int32)
-    probs_1xC, aux = _forward(params, tokens_1xL, bag_1xG, cfg=cfg)
-    attention = [np.asarray(w[0], np.float32) for w in aux["attention"]]
+    n = len(ids_L)
+    tokens_L, bag_G = np.asarray(ids_L, np.int32), bag_ids_G
+    if data is not None:
+        tokens_L = batching.pad_one(
+            tokens_L, batching.bucket_sizes(data.buckets, data.max_len), PAD
+        )
+        if bag_G is not None:
+            sizes = batching.bag_sizes(data.buckets, data.max_len, data.bag_len)
+            bag_G = batching.pad_one(bag_G, sizes, PAD)
+    bag_1xG = None if bag_G is None else jnp.asarray(bag_G[None, :], jnp.int32)
+    probs_1xC, aux = _forward(params, jnp.asarray(tokens_L[None, :]), bag_1xG, cfg=cfg)
+    attention = [np.asarray(w[0, :, :n, :n], np.float32) for w in aux["attention"]]
     if aux["pool_weights"] is not None:  # structured pooling: what the classifier reads
-        received_L = np.asarray(aux["pool_weights"][0], np.float32).mean(0)
+        received_L = np.asarray(aux["pool_weights"][0, :, :n], np.float32).mean(0)
     elif attention:
         received_L = attention[-1].mean(axis=(0, 1))
     else:
-        received_L = np.full(len(ids_L), 1.0 / max(len(ids_L), 1), np.float32)
+        received_L = np.full(n, 1.0 / max(n, 1), np.float32)
     return {"probs": np.asarray(probs_1xC[0]), "attention": attention, "received": received_L}
 
 

@@ -113,11 +113,8 @@ def explain(trained: serving.Trained, text: str, top: int = 5) -> dict:
 
 
 def _padded(x_G: np.ndarray, sizes: tuple[int, ...], fill: int) -> jax.Array:
-    """int32 [1, X]: x_G and `fill` after it, X the first of `sizes` that holds it."""
-    size = next((s for s in sizes if s >= len(x_G)), len(x_G))
-    out = np.full((1, size), fill, np.int32)
-    out[0, : len(x_G)] = x_G
-    return jnp.asarray(out)
+    """int32 [1, X]: `batching.pad_one`'s, as the batch of one the scores take."""
+    return jnp.asarray(batching.pad_one(x_G, sizes, fill)[None])
 
 
 def columns(p: dict) -> str:

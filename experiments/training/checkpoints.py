@@ -2,7 +2,9 @@
 
 Layout of a workdir:
   checkpoints/<step>/{state,meta}   the last `keep` train states (params, optimizer, step, rng)
-  best/<step>/{state,meta}          the train state with the best validation accuracy so far
+  best/<step>/{state,meta}          of the state with the best validation accuracy so far, the
+                                    weights served and the step (`optim.served`; a workdir
+                                    written before it kept those alone holds the whole state)
   vocab.txt, tokenizer.json         the tokenizer the checkpoints were trained with
 Orbax writes each step into a temporary directory and renames it when complete, so a killed
 save leaves nothing that `latest_step` would pick.
@@ -41,7 +43,8 @@ def new_meta(
 ) -> dict:
     """The meta of a new run: its objective, model family and config, whether its state holds a
     weight average ("ema"), its label names; the train loop keeps "step", "best_val_accuracy",
-    "best_val_loss" (None before any) and its early-stopping count up to date."""
+    "best_val_loss" (None before any), its early-stopping count and the sums of its unlogged
+    train steps (`progress.WINDOW`) up to date."""
     return {
         "objective": objective,
         "family": models.family(cfg),

@@ -1,10 +1,8 @@
 """The classification objective: the loss (cross-entropy, the pooling penalty, the adversarial
-term), one train step (a pure function; the loop jits it over a `functools.partial`), the
-model's class probabilities and metrics over a whole split, and a whole run of it
-(`train_and_evaluate`, what `python -m experiments.train` calls)."""
+term), one train step (a pure function; the loop jits it over a `functools.partial`), and the
+model's class probabilities and metrics over a whole split. A whole run of it is `pipeline`'s."""
 
 import functools
-import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -17,20 +15,11 @@ import optax
 from tqdm import tqdm
 
 from attn import classifier, models
-from experiments import fields, parallel, workdirs
-from experiments.data import batching, encoding, scripts
-from experiments.data.splits import SPLITS
+from experiments import parallel
 from experiments.training import (
-    bag_prior,
-    baseline,
-    checkpoints,
-    finetune,
     loop,
-    masked_tokens,
     metrics,
     optim,
-    setup,
-    warm_start,
 )
 
 
@@ -226,96 +215,3 @@ def evaluate(
         "num_examples": n,
         "examples_per_sec": n / max(seconds, 1e-9),
     }
-
-
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-    """Trains, keeps the best-on-validation checkpoint, and returns its test metrics.
-
-    With config.pretrain.num_epochs (or max_steps) > 0 and no model.init_from, it first pretrains
-    the encoder into WORKDIR/pretrain (`masked_tokens.pretrain`) and starts from there.
-    """
-    fields.check(config)
-    start_from = config.model.init_from
-    if masked_tokens.requested(config):
-        masked_tokens.loop_config(config)  # how long to pretrain: checked before any data is read
-        if not start_from:
-            start_from = os.path.join(workdir, "pretrain")
-            workdirs.check_writable(workdir)
-            masked_tokens.pretrain(config, start_from)
-    s = setup.start(config, workdir, start_from)
-    config, d, o = s.config, s.config.data, s.config.optim
-    pre = finetune.load(config) if finetune.requested(config) else None
-    src_tokenizer = pre.tokenizer if pre else s.src.tokenizer if s.src else None
-    data = encoding.load(
-        d, add_cls=config.model.pooling == "cls", workdir=workdir, tokenizer=src_tokenizer
-    )
-    train, validation, test = (data.splits[name] for name in SPLITS)
-    if pre:
-        cfg = finetune.model_config(config, pre.encoder, len(data.label_names))
-        nb = o.bag_init == "naive_bayes"
-        bag_start = functools.partial(bag_prior.naive_bayes, cfg, train, d) if nb else None
-        init_params = finetune.init_params(pre, cfg, bag_start)
-    else:
-        cfg = fields.model_config(config, data.tokenizer.vocab_size, len(data.label_names))
-
-        def init_params(key: jax.Array, fresh: bool) -> dict:
-            # A resumed run overwrites the starting values: count or read them only for a fresh
-            # one.
-            bag_VxC = (
-                bag_prior.naive_bayes(cfg, train, d)
-                if o.bag_init == "naive_bayes" and fresh
-                else None
-            )
-            tokens_VxD = (
-                warm_start.word_vectors(config, data.tokenizer, train.ids) if fresh else None
-            )
-            return optim.init_params(key, cfg, bag_VxC=bag_VxC, tokens_VxD=tokens_VxD)
-
-    def split_metrics(state: dict, split: encoding.Split, desc: str = "") -> dict:
-        return evaluate(
-            optim.eval_params(state),
-            cfg,
-            split.ids,
-            split.labels,
-            data=d,
-            dp=s.dp,
-            bag_ids=split.bag_ids,
-            desc=desc,
-        )
-
-    task = setup.Task(
-        cfg=cfg,
-        tokenizer=data.tokenizer,
-        train_ids=train.ids,
-        meta=checkpoints.new_meta(cfg, data.label_names, ema=o.ema_decay > 0),
-        step=functools.partial(train_step, **loss_options(o)),
-        init_params=init_params,
-        batches=lambda start: batching.train_stream(
-            train.ids,
-            train.labels,
-            seed=config.train.seed,
-            start_step=start,
-            rows=s.dp.rows(d.batch_size),
-            bag_ids=train.bag_ids,
-            **batching.options(d),
-        ),
-        evaluate=lambda state: split_metrics(state, validation),
-        ema=o.ema_decay > 0,
-        summary=pre.describe() if pre else "",
-        warm=finetune.warm if pre and not pre.random else None,
-        lr_scales=finetune.layer_scales(pre.encoder.num_layers, o.layer_decay) if pre else None,
-    )
-    best_state = setup.train(s, task, workdir)
-    result = split_metrics(best_state, test, desc=f"test (step {int(best_state['step'])})")
-    result["step"] = int(best_state["step"])
-    result["label_names"] = list(data.label_names)  # as evaluate's files have them
-    primary = parallel.is_primary()
-    if primary and config.train.baseline:
-        texts = {name: (data.splits[name].texts, data.splits[name].labels) for name in SPLITS}
-        result["baseline"] = baseline.fit_for_run(d, texts, workdir)
-    if primary:
-        shares = os.path.join(workdir, scripts.SCRIPTS_FILE)
-        if not os.path.exists(shares):  # for predict: the scripts the model has read
-            workdirs.write_json(shares, scripts.script_shares(train.texts))
-        workdirs.write_json(os.path.join(workdir, "eval_test.json"), result)
-    return result

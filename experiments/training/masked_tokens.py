@@ -1,6 +1,5 @@
 """The masked-token objective (`attn.masked_lm`) as a run of the train loop: its model config,
-params, train step and validation, beside `classify`'s, and a whole run of it (`pretrain`, what
-`python -m experiments.pretrain` calls).
+params, train step and validation, beside `classify`'s. A whole run of it is `pipeline`'s.
 
 The state is the classifier's own (`optim.init_state`, no bag: the bag is not pretrained)
 with the masked-token head as one more entry of its params, "mlm", so a pretrained workdir's
@@ -9,7 +8,6 @@ encoder sits where a classifier's does and `warm_start` reads both alike.
 
 import dataclasses
 import functools
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,36 +17,11 @@ import numpy as np
 import optax
 
 from attn import classifier, masked_lm
-from experiments import fields, parallel, workdirs
-from experiments.data import batching, encoding, unlabeled
-from experiments.errors import UserError
-from experiments.explain import plots
-from experiments.training import checkpoints, loop, optim, setup, warm_start
+from experiments import fields, parallel
+from experiments.training import loop, optim
 
 HEAD = "mlm"
-RESULT = "pretrain.json"  # the best checkpoint's validation metrics and what was read
 LABEL = "masked-token"  # what this objective's accuracy and loss are of
-
-
-def loop_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """`config` as the train loop reads it for pretraining: config.pretrain's schedule in place of
-    config.train's and config.optim's, and no early stop (more pretraining does not hurt)."""
-    p = config.pretrain
-    if not (p.num_epochs or p.max_steps):
-        raise UserError(
-            "config.pretrain.num_epochs and max_steps are 0: set how long to pretrain, e.g. "
-            "--config.pretrain.num_epochs=10"
-        )
-    out = ml_collections.ConfigDict(config.to_dict())
-    out.train.update(
-        num_epochs=p.num_epochs,
-        max_steps=p.max_steps,
-        eval_every_steps=p.eval_every_steps,
-        checkpoint_every_steps=p.checkpoint_every_steps,
-        patience=0,
-    )
-    out.optim.update(learning_rate=p.learning_rate, warmup_steps=p.warmup_steps)
-    return out
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> classifier.ModelConfig:
@@ -143,84 +116,3 @@ def evaluate(
         "num_targets": int(totals["count"]),
         "num_examples": len(ids),
     }
-
-
-def requested(config: ml_collections.ConfigDict) -> bool:
-    """Whether config asks train to pretrain first (config.pretrain's length is set)."""
-    p = config.get("pretrain")
-    return bool(p and (p.num_epochs or p.max_steps))
-
-
-def pretrain(config: ml_collections.ConfigDict, workdir: str) -> dict:
-    """Pretrains config's encoder on masked tokens in `workdir` (resuming what is there); returns
-    the best checkpoint's validation metrics, also written to WORKDIR/pretrain.json, with the
-    masked-token curves in WORKDIR/curves.png.
-
-    The texts are the training split's and data.unlabeled's (`unlabeled.load`); the tokenizer is
-    built from all of them (or is model.init_from's, or the workdir's on resume).
-    """
-    fields.check(config)  # the config's own mistakes first, before any data is read
-    loop_config(config)  # and how long to pretrain
-    s = setup.start(config, workdir)
-    config, d, p = s.config, s.config.data, s.config.pretrain
-    schedule = loop_config(config)
-    texts = unlabeled.load(d)
-    tok = s.src.tokenizer if s.src else encoding.tokenizer_for(d, texts.train, workdir)
-    add_cls = config.model.pooling == "cls"
-    train_ids, val_ids = (
-        encoding.cut(
-            [tok.encode(t) for t in part], max_len=d.max_len, add_cls=add_cls, tail_len=d.tail_len
-        )
-        for part in (texts.train, texts.validation)
-    )
-    cfg = model_config(schedule, tok.vocab_size)
-    k = predicted(config, tok.vocab_size)
-
-    def init_params(key: jax.Array, fresh: bool) -> dict:
-        k_model, k_head = jax.random.split(key)
-        tokens_VxD = warm_start.word_vectors(config, tok, train_ids) if fresh else None
-        params = optim.init_params(k_model, cfg, tokens_VxD=tokens_VxD)
-        params[HEAD] = masked_lm.init_head(k_head, cfg.d_model, cfg.vocab_size)
-        return params
-
-    def validate(state: dict) -> dict:
-        return evaluate(
-            state["params"],
-            cfg,
-            val_ids,
-            rate=p.mask_rate,
-            predicted=k,
-            seed=config.train.seed,
-            data=d,
-            dp=s.dp,
-        )
-
-    labels = np.zeros(len(train_ids), np.int32)  # the batches' label field; never read here
-    task = setup.Task(
-        cfg=cfg,
-        tokenizer=tok,
-        train_ids=train_ids,
-        meta=checkpoints.new_meta(cfg, [], ema=False, objective=checkpoints.MASKED_LM),
-        step=functools.partial(train_step, rate=p.mask_rate, predicted=k),
-        init_params=init_params,
-        batches=lambda start: batching.train_stream(
-            train_ids,
-            labels,
-            seed=config.train.seed,
-            start_step=start,
-            rows=s.dp.rows(d.batch_size),
-            batch_size=d.batch_size,
-            buckets=tuple(d.buckets),
-            max_len=d.max_len,
-        ),
-        evaluate=validate,
-        label=LABEL,
-        summary=texts.summary,
-    )
-    best_state = setup.train(s, task, workdir, schedule)
-    result = validate(best_state)
-    result.update(step=int(best_state["step"]), texts=len(train_ids), sources=texts.summary)
-    if parallel.is_primary():
-        workdirs.write_json(os.path.join(workdir, RESULT), result)
-        plots.plot_curves(workdir, label=LABEL)
-    return result

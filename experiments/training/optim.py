@@ -21,9 +21,13 @@ def make_optimizer(
     total_steps: int,
     warm: Callable[[Any], Any] | None = None,
     lr_scales: Callable[[Any], Any] | None = None,
+    *,
+    learning_rate: float | None = None,
+    warmup_steps: int | None = None,
 ) -> optax.GradientTransformation:
     """AdamW with linear warmup then cosine (or, optim.schedule, linear) decay, global-norm
-    clipping, skipping of non-finite updates.
+    clipping, skipping of non-finite updates. The peak `learning_rate` and `warmup_steps` are
+    optim's unless given (pretraining's own, `schedule.pretraining`).
 
     warm(params) -> a tree of bools marks the parameters a run starts from (a pretrained encoder,
     word vectors): their updates are scaled by optim.warm_lr_scale (0 freezes them), so the
@@ -31,8 +35,10 @@ def make_optimizer(
     lr_scales(params) -> a tree of floats multiplies each parameter's update, weight decay
     included (layer-wise learning-rate decay).
     """
-    warmup = min(optim.warmup_steps, max(total_steps - 1, 0))
-    schedule = _schedule(optim, warmup, max(total_steps, warmup + 1))
+    lr = optim.learning_rate if learning_rate is None else learning_rate
+    warmup = optim.warmup_steps if warmup_steps is None else warmup_steps
+    warmup = min(warmup, max(total_steps - 1, 0))
+    schedule = _schedule(optim, lr, warmup, max(total_steps, warmup + 1))
     # Decay matrices only: biases, LayerNorm scales and offsets are vectors.
     decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
     scale = optim.get("warm_lr_scale", 1.0) if warm is not None else 1.0
@@ -57,8 +63,9 @@ def frozen_mask(
     return warm if warm is not None and optim.get("warm_lr_scale", 1.0) == 0 else None
 
 
-def _schedule(optim: ml_collections.ConfigDict, warmup: int, total: int) -> optax.Schedule:
-    lr = optim.learning_rate
+def _schedule(
+    optim: ml_collections.ConfigDict, lr: float, warmup: int, total: int
+) -> optax.Schedule:
     if optim.get("schedule", "cosine") == "linear":  # BERT's: to 0 at the last step
         return optax.join_schedules(
             [
@@ -135,7 +142,15 @@ def init_state(
 
 def eval_params(state: dict) -> Any:
     """The params to evaluate and serve: the running average when the state keeps one."""
-    return state.get("ema", state["params"])
+    return state["ema"] if "ema" in state else state["params"]
+
+
+def served(state: dict) -> dict:
+    """What a best checkpoint keeps of a train state: the weights to serve under their name in
+    the state ("ema" or "params", so a reader finds them where it finds a whole state's) and the
+    step; not the optimizer's moments or the raw params beside an average."""
+    name = "ema" if "ema" in state else "params"
+    return {name: state[name], "step": state["step"]}
 
 
 def _ema_update(ema: Any, params: Any, step: jax.Array, decay: float) -> Any:

@@ -8,28 +8,37 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 from tqdm import tqdm
 
 from experiments import parallel
 from experiments.errors import UserError
 from experiments.training import metrics
+from experiments.training.schedule import Schedule
 
 _END = object()
+SUMS = ("loss_sum", "correct", "count")
+WINDOW = "train_window"  # the checkpoint meta's copy of `Window.sums()`
 
 
 class Window:
     """Sums over the train steps since the last log line; a step with a non-finite loss (skipped
-    by the optimizer) adds nothing."""
+    by the optimizer) adds nothing. `sums()` goes into each checkpoint's meta, and a resumed run
+    starts from them: its first log line then averages the steps the uninterrupted run's does,
+    those before the checkpoint included, added in the same order to the same floats."""
 
-    def __init__(self) -> None:
+    def __init__(self, sums: dict | None = None) -> None:
         self.reset()
+        if sums:
+            self.loss_sum, self.correct, self.count = (sums[k] for k in SUMS)
 
     def reset(self) -> None:
         self.loss_sum = self.correct = self.count = 0.0
         self.wait = 0.0  # seconds spent waiting for the input pipeline
         self.start = time.perf_counter()
+
+    def sums(self) -> dict:
+        return {"loss_sum": self.loss_sum, "correct": self.correct, "count": self.count}
 
     def add(self, m: dict) -> None:
         if np.isfinite(m["loss"]):
@@ -52,32 +61,34 @@ class Window:
 
 
 class Progress(contextlib.AbstractContextManager):
-    """Logs train steps `start + 1 ... total_steps` of a run in `workdir` (see `metrics.Log`);
-    `label` says what its accuracy and loss are of, when not labels (e.g. "masked-token").
+    """Logs train steps `start + 1 ... schedule.total_steps` of a run in `workdir` (see
+    `metrics.Log`); `label` says what its accuracy and loss are of, when not labels (e.g.
+    "masked-token").
 
     `push` hands over a step's metrics while they are still being computed; they are read when
     the next step has been dispatched, so the device never waits for the host. A log line every
-    config.train.log_every_steps; after config.optim.max_nonfinite consecutive skipped steps it
-    stops the run, naming the last good checkpoint, `last_good()`.
+    schedule.log_every_steps; after schedule.max_nonfinite consecutive skipped steps it stops the
+    run, naming the last good checkpoint, `last_good()`. `meta` is the checkpoint's the run starts
+    from: its window's sums carry the log line that a checkpoint cut in two.
     """
 
     def __init__(
         self,
         workdir: str,
-        config: ml_collections.ConfigDict,
+        schedule: Schedule,
         start: int,
-        total_steps: int,
         last_good: Callable[[], int | None],
         label: str = "",
+        meta: dict | None = None,
     ):
-        self.total_steps, self.last_good = total_steps, last_good
+        self.total_steps, self.last_good = schedule.total_steps, last_good
         self.label = f"{label} " if label else ""  # what the validation line's figures are of
-        self.log_every = config.train.log_every_steps
-        self.max_nonfinite = config.optim.max_nonfinite
+        self.log_every = schedule.log_every_steps
+        self.max_nonfinite = schedule.max_nonfinite
         primary = parallel.is_primary()
         self.log = metrics.Log(workdir, start) if primary else None
         self.bar = tqdm(
-            total=total_steps,
+            total=self.total_steps,
             initial=start,
             desc="train",
             unit="step",
@@ -88,7 +99,7 @@ class Progress(contextlib.AbstractContextManager):
             smoothing=0,
             disable=not primary,
         )
-        self.window = Window()
+        self.window = Window((meta or {}).get(WINDOW))
         self.pending: tuple[int, Any] | None = None
         self.timed_steps = 0  # steps recorded in the bar's rate
 
@@ -112,6 +123,11 @@ class Progress(contextlib.AbstractContextManager):
         if self.pending is not None:
             self._record(*self.pending)
             self.pending = None
+
+    def flush_into(self, meta: dict) -> None:
+        """`flush`, then the window's sums into `meta`, for a checkpoint saved at this step."""
+        self.flush()
+        meta[WINDOW] = self.window.sums()
 
     def validation(self, step: int, val: dict) -> None:
         if self.log:

@@ -1,11 +1,11 @@
-"""One run setup for every objective: what `classify` and `masked_tokens` share before and around
-the train loop.
+"""One run setup for every objective: what the runs of `classify` and `masked_tokens` (`pipeline`)
+share before and around the train loop.
 
 `start` checks the workdir, reads what the run starts from (`model.init_from`) and fills what the
 config leaves to the data; the objective then reads its data and describes itself as a `Task`;
-`train` builds the schedule, the optimizer and the jitted step, checks that a resumed run is the
-same run, and runs the loop, whose state starts the same way for every objective (fresh
-parameters, the source's encoder over them, then the optimizer's state).
+`train` builds the optimizer and the jitted step for the run's `schedule.Schedule`, checks that a
+resumed run is the same run, and runs the loop, whose state starts the same way for every
+objective (fresh parameters, the source's encoder over them, then the optimizer's state).
 """
 
 import dataclasses
@@ -20,9 +20,9 @@ import ml_collections
 import numpy as np
 
 from attn import models
-from experiments import parallel, workdirs
-from experiments.data import batching, chosen, tokenizers
-from experiments.training import loop, optim, warm_start
+from experiments import parallel, workdir_reader, workdirs
+from experiments.data import chosen, tokenizers
+from experiments.training import loop, optim, schedule, warm_start
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Start:
 
     config: ml_collections.ConfigDict  # the source's tokenizer adopted, data-chosen fields filled
     said: str  # what was chosen from the data, for the user ("" = nothing)
-    src: warm_start.Source | None  # the workdir whose encoder and tokenizer the run starts from
+    src: workdir_reader.Workdir | None  # whose encoder and tokenizer the run starts from
     dp: parallel.DataParallel
 
 
@@ -72,27 +72,22 @@ class Task:
     lr_scales: Callable[[Any], Any] | None = None  # params -> floats: per-parameter rate factors
 
 
-def total_steps(train: ml_collections.ConfigDict, num_examples: int, batch_size: int) -> int:
-    """train.max_steps, or train.num_epochs passes over `num_examples` examples."""
-    return train.max_steps or train.num_epochs * batching.steps_per_epoch(num_examples, batch_size)
-
-
-def train(
-    s: Start, task: Task, workdir: str, loop_config: ml_collections.ConfigDict | None = None
-) -> Any:
-    """Runs `task` in `workdir` to its end (resuming what is there); returns the best state.
-
-    loop_config is the config the loop reads for its schedule, evaluations and checkpoints
-    (pretraining's own, `masked_tokens.loop_config`); by default the run's. The run's config is what
-    config.json records.
-    """
+def train(s: Start, task: Task, workdir: str, sched: schedule.Schedule) -> Any:
+    """Runs `task` in `workdir` to its end (resuming what is there) on schedule `sched`
+    (`schedule.training`'s, or pretraining's own); returns the best checkpoint's served weights
+    and step (`optim.served`). The run's config is what config.json records."""
     config = s.config
-    lc = loop_config or config
-    steps = total_steps(lc.train, len(task.train_ids), config.data.batch_size)
     warm = task.warm or warm_start.warm_mask(config, s.src)
-    tx = optim.make_optimizer(lc.optim, steps, warm, task.lr_scales)
+    tx = optim.make_optimizer(
+        config.optim,
+        sched.total_steps,
+        warm,
+        task.lr_scales,
+        learning_rate=sched.learning_rate,
+        warmup_steps=sched.warmup_steps,
+    )
     # Frozen (warm_lr_scale 0): not differentiated at all, which skips their backward pass.
-    frozen = optim.frozen_mask(lc.optim, warm)
+    frozen = optim.frozen_mask(config.optim, warm)
     # The old state is dead once the step returns: donating it lets XLA update the params and
     # both Adam moments in place instead of allocating and copying three tables a step.
     step = jax.jit(
@@ -125,14 +120,15 @@ def train(
     return loop.run(
         loop.Run(
             workdir=workdir,
-            config=lc,
+            schedule=sched,
             dp=s.dp,
-            total_steps=steps,
             meta=task.meta,
             init_state=init_state,
             step=step,
+            compile=lambda state, batch: step.lower(state, batch).compile(),
             batches=task.batches,
             evaluate=task.evaluate,
+            served=optim.served,
             write_run_files=write_run_files,
             label=task.label,
         )

@@ -9,8 +9,6 @@ differs is refused, naming each, and so is a tokenizer field or length that diff
 to the data take the source's values. Pooling, the head and the bag start afresh.
 """
 
-import dataclasses
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -20,7 +18,7 @@ import ml_collections
 import numpy as np
 
 from attn import classifier, models
-from experiments import fields, parallel, serving, workdirs
+from experiments import fields, parallel, workdir_reader
 from experiments.data import tokenizers, vectors
 from experiments.errors import UserError
 from experiments.training import checkpoints
@@ -44,52 +42,25 @@ ENCODER_FIELDS = (
 _DATA_FIELDS = ("tokenizer", "lowercase", "min_freq", "max_vocab", "max_len")
 
 
-@dataclasses.dataclass(frozen=True)
-class Source:
-    """A workdir to start from: its config, tokenizer and the checkpoint whose encoder is taken."""
-
-    workdir: str
-    config: ml_collections.ConfigDict
-    cfg: classifier.ModelConfig
-    tokenizer: tokenizers.Tokenizer
-    which: str  # checkpoints.BEST, or LAST for a run stopped before its first evaluation
-    step: int
-    served: str  # "ema" when the run kept a weight average (its served weights), else "params"
-
-    def describe(self) -> str:
-        kind = "best" if self.which == checkpoints.BEST else "last"
-        return f"the {kind} checkpoint (step {self.step}) of {self.workdir}"
-
-
 def is_encoder(name: str) -> bool:
     return name in ENCODER or name.startswith("layer_")
 
 
-def source(workdir: str) -> Source:
+def source(workdir: str) -> workdir_reader.Workdir:
     """The workdir `model.init_from` names; UserError when it is not a usable workdir."""
     named = f"model.init_from={workdir!r}"
-    if not os.path.isdir(workdir):
-        raise UserError(f"{named} does not exist; pretrain or train there first")
-    if not os.path.exists(os.path.join(workdir, "config.json")):
-        raise UserError(f"{named} has no config.json; is it a training or pretraining workdir?")
-    config = workdirs.read_config(os.path.join(workdir, "config.json"))
-    which, step = checkpoints.kept(workdir)
-    if step is None:
-        raise UserError(f"{named} holds no checkpoint yet; let its run save one first")
-    with checkpoints.reader(workdir, which) as mngr:
-        meta = checkpoints.read_meta(mngr, step)
-    if checkpoints.family_of(meta) != models.OWN:
+    src = workdir_reader.read(workdir, named=named)
+    if checkpoints.family_of(src.meta) != models.OWN:
         raise UserError(
             f"{named} fine-tuned a pretrained encoder; start from that checkpoint with "
             "model.pretrained instead"
         )
-    cfg = serving.model_config(meta, f"{named}, checkpoint {step}")
-    tok = tokenizers.load_tokenizer(workdir)
-    served = "ema" if meta.get("ema", False) else "params"
-    return Source(workdir, config, cfg, tok, which, step, served)
+    return src
 
 
-def adopt(config: ml_collections.ConfigDict, src: Source) -> ml_collections.ConfigDict:
+def adopt(
+    config: ml_collections.ConfigDict, src: workdir_reader.Workdir
+) -> ml_collections.ConfigDict:
     """`config` with the source's tokenizer fields and length where it leaves them to the data;
     UserError naming each that it sets otherwise."""
     out = ml_collections.ConfigDict(config.to_dict())
@@ -118,7 +89,7 @@ def adopt(config: ml_collections.ConfigDict, src: Source) -> ml_collections.Conf
     return out
 
 
-def check_encoder(cfg: classifier.ModelConfig, src: Source) -> None:
+def check_encoder(cfg: classifier.ModelConfig, src: workdir_reader.Workdir) -> None:
     """UserError naming every encoder field of `cfg` that differs from the source's."""
     diff = [
         f"{f}: {getattr(cfg, f)!r} vs {getattr(src.cfg, f)!r} there"
@@ -132,17 +103,16 @@ def check_encoder(cfg: classifier.ModelConfig, src: Source) -> None:
         )
 
 
-def encoder_params(src: Source, params: dict) -> dict:
+def encoder_params(src: workdir_reader.Workdir, params: dict) -> dict:
     """`params` (a fresh classifier's) with the source's encoder in place of their own."""
-    shapes = jax.eval_shape(lambda key: classifier.init(key, src.cfg), serving.KEY)
-    target = {src.served: {k: v for k, v in shapes.items() if is_encoder(k)}}
-    with checkpoints.reader(src.workdir, src.which) as mngr:
-        state, _ = checkpoints.restore(mngr, src.step, target, partial=True)
+    encoder = src.weights(is_encoder)
     print(f"encoder from {src.describe()}", file=sys.stderr)
-    return {**params, **state[src.served]}
+    return {**params, **encoder}
 
 
-def warm_mask(config: ml_collections.ConfigDict, src: Source | None) -> Callable[[Any], Any] | None:
+def warm_mask(
+    config: ml_collections.ConfigDict, src: workdir_reader.Workdir | None
+) -> Callable[[Any], Any] | None:
     """params -> a tree of bools marking what the run starts from other than at random (the
     source's encoder, the word vectors' table), for `optim.make_optimizer`; None when
     nothing is."""

@@ -215,13 +215,15 @@ def input_embeddings(
     mask_BxL: jax.Array,
     types_BxL: jax.Array | None = None,
 ) -> jax.Array:
-    """word + position + token type [B, L, D] float32: what the embeddings' LayerNorm normalises,
-    the input gradient × input attributes to. An id outside [0, vocab_size) is refused when
-    concrete and gives NaN under jit (`family.lookup`)."""
+    """LN(word + position + token type) [B, L, D] float32: the first block's input before dropout,
+    what gradient × input attributes to (taken before the normalisation it would be 0: a LayerNorm
+    ignores its input's scale). An id outside [0, vocab_size) is refused when concrete and gives NaN
+    under jit (`family.lookup`)."""
     ids_BxL, mask_BxL, types_BxL = _check_inputs(params, cfg, ids_BxL, mask_BxL, types_BxL)
     e = params["embed"]
     x_BxLxD = lookup(e["tokens"], ids_BxL) + e["positions"][positions(cfg, mask_BxL)]
-    return x_BxLxD + e["types"][types_BxL]
+    x_BxLxD = x_BxLxD + e["types"][types_BxL]
+    return layers.layer_norm(e["ln"], x_BxLxD, cfg.layer_norm_eps)
 
 
 def embed(
@@ -235,12 +237,11 @@ def embed(
     rng: jax.Array | None = None,
     delta_BxLxD: jax.Array | None = None,
 ) -> jax.Array:
-    """LN(`input_embeddings` + delta_BxLxD, if given) -> [B, L, D] in cfg.dtype (summed and
+    """`input_embeddings` (+ delta_BxLxD, if given) -> [B, L, D] in cfg.dtype (summed and
     normalised in float32), then dropout in training."""
     x_BxLxD = input_embeddings(params, cfg, ids_BxL, mask_BxL, types_BxL)
     if delta_BxLxD is not None:
         x_BxLxD = x_BxLxD + delta_BxLxD
-    x_BxLxD = layers.layer_norm(params["embed"]["ln"], x_BxLxD, cfg.layer_norm_eps)
     return layers.dropout(x_BxLxD.astype(DTYPES[cfg.dtype]), cfg.dropout, train=train, rng=rng)
 
 
@@ -295,7 +296,7 @@ def encode(
     default; e.g. ``attn.Attention(implementation="chunked")`` for memory linear in L.
     train=True applies cfg.dropout and cfg.attention_dropout and needs rng (attention dropout
     needs the "matrix" implementation; use ``dataclasses.replace(cfg, attention_dropout=0.0)``
-    with another one). embed_delta_BxLxD, if given, is added to the input embeddings before their
+    with another one). embed_delta_BxLxD, if given, is added to the input embeddings after their
     LayerNorm (`embed`): gradient × input differentiates with respect to it.
     """
     if train and rng is None and (cfg.dropout > 0.0 or cfg.attention_dropout > 0.0):

@@ -261,10 +261,11 @@ def input_embeddings(
     mask_BxL: jax.Array,
     types_BxL: jax.Array | None = None,
 ) -> jax.Array:
-    """word (+ position, if position_biased_input) (+ token type, if type_vocab_size > 0)
-    [B, L, D] float32: what the embeddings' LayerNorm normalises, the input gradient × input
-    attributes to. An id outside [0, vocab_size) is refused when concrete and gives NaN under
-    jit (`family.lookup`)."""
+    """LN(word (+ position, if position_biased_input) (+ token type, if type_vocab_size > 0)) with
+    padding rows 0 (as transformers multiplies by the mask) [B, L, D] float32: the first block's
+    input before dropout, what gradient × input attributes to (taken before the normalisation it
+    would be 0: a LayerNorm ignores its input's scale). An id outside [0, vocab_size) is refused
+    when concrete and gives NaN under jit (`family.lookup`)."""
     ids_BxL, mask_BxL, types_BxL = _check_inputs(params, cfg, ids_BxL, mask_BxL, types_BxL)
     e = params["embed"]
     x_BxLxD = lookup(e["tokens"], ids_BxL)
@@ -272,7 +273,8 @@ def input_embeddings(
         x_BxLxD = x_BxLxD + e["positions"][: ids_BxL.shape[1]]
     if cfg.type_vocab_size > 0:
         x_BxLxD = x_BxLxD + e["types"][types_BxL]
-    return x_BxLxD
+    x_BxLxD = layers.layer_norm(e["ln"], x_BxLxD, cfg.layer_norm_eps)
+    return jnp.where(mask_BxL[..., None], x_BxLxD, 0.0)
 
 
 def embed(
@@ -286,14 +288,11 @@ def embed(
     rng: jax.Array | None = None,
     delta_BxLxD: jax.Array | None = None,
 ) -> jax.Array:
-    """LN(`input_embeddings` + delta_BxLxD, if given) with padding rows 0 (as transformers
-    multiplies by the mask) -> [B, L, D] in cfg.dtype (summed and normalised in float32), then
-    dropout in training."""
+    """`input_embeddings` (+ delta_BxLxD, if given) -> [B, L, D] in cfg.dtype (summed and
+    normalised in float32), then dropout in training."""
     x_BxLxD = input_embeddings(params, cfg, ids_BxL, mask_BxL, types_BxL)
     if delta_BxLxD is not None:
         x_BxLxD = x_BxLxD + delta_BxLxD
-    x_BxLxD = layers.layer_norm(params["embed"]["ln"], x_BxLxD, cfg.layer_norm_eps)
-    x_BxLxD = jnp.where(jnp.asarray(mask_BxL)[..., None], x_BxLxD, 0.0)
     return layers.dropout(x_BxLxD.astype(DTYPES[cfg.dtype]), cfg.dropout, train=train, rng=rng)
 
 
@@ -403,7 +402,7 @@ def encode(
     ``attn.Attention(implementation="chunked")`` runs it in memory linear in L; "xla" is
     refused. train=True applies cfg.dropout (embeddings, relative embeddings, block outputs)
     and cfg.attention_dropout (needs "matrix") and needs rng. embed_delta_BxLxD, if given, is
-    added to the input embeddings before their LayerNorm (`embed`).
+    added to the input embeddings after their LayerNorm (`embed`).
     """
     if train and rng is None and (cfg.dropout > 0.0 or cfg.attention_dropout > 0.0):
         raise ValueError("deberta.encode: train=True with dropout > 0 needs an rng key; got None")

@@ -142,12 +142,14 @@ def input_embeddings(
     mask_BxL: jax.Array,
     types_BxL: None = None,
 ) -> jax.Array:
-    """word + position [B, L, D] float32 (token i at position i, padding or not): what the
-    embeddings' LayerNorm normalises, the input gradient × input attributes to. An id outside
-    [0, vocab_size) is refused when concrete and gives NaN under jit (`family.lookup`)."""
+    """LN(word + position) [B, L, D] float32 (token i at position i, padding or not): the first
+    block's input before dropout, what gradient × input attributes to (taken before the
+    normalisation it would be 0: a LayerNorm ignores its input's scale). An id outside [0,
+    vocab_size) is refused when concrete and gives NaN under jit (`family.lookup`)."""
     ids_BxL, _ = _check_inputs(params, cfg, ids_BxL, mask_BxL, types_BxL)
     e = params["embed"]
-    return lookup(e["tokens"], ids_BxL) + e["positions"][: ids_BxL.shape[1]]
+    x_BxLxD = lookup(e["tokens"], ids_BxL) + e["positions"][: ids_BxL.shape[1]]
+    return layers.layer_norm(e["ln"], x_BxLxD, cfg.layer_norm_eps)
 
 
 def embed(
@@ -160,12 +162,11 @@ def embed(
     rng: jax.Array | None = None,
     delta_BxLxD: jax.Array | None = None,
 ) -> jax.Array:
-    """LN(`input_embeddings` + delta_BxLxD, if given) -> [B, L, D] in cfg.dtype (summed and
+    """`input_embeddings` (+ delta_BxLxD, if given) -> [B, L, D] in cfg.dtype (summed and
     normalised in float32), then dropout in training."""
     x_BxLxD = input_embeddings(params, cfg, ids_BxL, mask_BxL)
     if delta_BxLxD is not None:
         x_BxLxD = x_BxLxD + delta_BxLxD
-    x_BxLxD = layers.layer_norm(params["embed"]["ln"], x_BxLxD, cfg.layer_norm_eps)
     return layers.dropout(x_BxLxD.astype(DTYPES[cfg.dtype]), cfg.dropout, train=train, rng=rng)
 
 

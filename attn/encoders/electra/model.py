@@ -179,14 +179,15 @@ def input_embeddings(
     mask_BxL: jax.Array,
     types_BxL: jax.Array | None = None,
 ) -> jax.Array:
-    """word + position + token type [B, L, X] float32 (X = embedding_size; token i at position
-    i): what the embeddings' LayerNorm normalises, the input gradient × input attributes to. An
-    id or a token type outside its table is refused when concrete and gives NaN under jit
-    (`family.lookup`)."""
+    """LN(word + position + token type) [B, L, X] float32 (X = embedding_size; token i at position
+    i): the embeddings before dropout and the projection, what gradient × input attributes to (taken
+    before the normalisation it would be 0: a LayerNorm ignores its input's scale). An id or a token
+    type outside its table is refused when concrete and gives NaN under jit (`family.lookup`)."""
     ids_BxL, _, types_BxL = _check_inputs(params, cfg, ids_BxL, mask_BxL, types_BxL)
     e = params["embed"]
     x_BxLxX = lookup(e["tokens"], ids_BxL) + e["positions"][: ids_BxL.shape[1]]
-    return x_BxLxX + lookup(e["types"], types_BxL)
+    x_BxLxX = x_BxLxX + lookup(e["types"], types_BxL)
+    return layers.layer_norm(e["ln"], x_BxLxX, cfg.layer_norm_eps)
 
 
 def embed(
@@ -200,14 +201,13 @@ def embed(
     rng: jax.Array | None = None,
     delta_BxLxX: jax.Array | None = None,
 ) -> jax.Array:
-    """Dropout(LN(`input_embeddings` + delta_BxLxX, if given)), projected to d_model when
+    """Dropout(`input_embeddings` + delta_BxLxX, if given), projected to d_model when
     embedding_size differs -> [B, L, D] in cfg.dtype (summed and normalised in float32). As in
     transformers, dropout acts before the projection."""
     x_BxLxX = input_embeddings(params, cfg, ids_BxL, mask_BxL, types_BxL)
     if delta_BxLxX is not None:
         x_BxLxX = x_BxLxX + delta_BxLxX
     e = params["embed"]
-    x_BxLxX = layers.layer_norm(e["ln"], x_BxLxX, cfg.layer_norm_eps)
     x_BxLxX = layers.dropout(x_BxLxX.astype(DTYPES[cfg.dtype]), cfg.dropout, train=train, rng=rng)
     return layers.dense(e["project"], x_BxLxX) if cfg.projected else x_BxLxX
 
@@ -232,7 +232,7 @@ def encode(
 
     attend, train and rng as `attn.encoders.bert.model.encode` takes them (attention dropout
     needs the "matrix" implementation; with another set the config's attention_dropout to 0).
-    embed_delta_BxLxD, if given, is added to the input embeddings before their LayerNorm: it is
+    embed_delta_BxLxD, if given, is added to the input embeddings after their LayerNorm: it is
     [B, L, embedding_size], the width of `input_embeddings`."""
     if train and rng is None and (cfg.dropout > 0.0 or cfg.attention_dropout > 0.0):
         raise ValueError("electra.encode: train=True with dropout > 0 needs an rng key; got None")

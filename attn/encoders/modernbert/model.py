@@ -230,11 +230,12 @@ def input_embeddings(
     mask_BxL: jax.Array,
     types_BxL: jax.Array | None = None,
 ) -> jax.Array:
-    """The token embeddings [B, L, D] float32: what the embeddings' LayerNorm normalises, the
-    input gradient × input attributes to. An id outside [0, vocab_size) is refused when concrete
-    and gives NaN under jit (`family.lookup`)."""
+    """LN(token embeddings) [B, L, D] float32: the first block's input before dropout, what gradient
+    × input attributes to (taken before the normalisation it would be 0: a LayerNorm ignores its
+    input's scale). An id outside [0, vocab_size) is refused when concrete and gives NaN under jit
+    (`family.lookup`)."""
     ids_BxL, _ = _check_inputs(params, cfg, ids_BxL, mask_BxL, types_BxL)
-    return lookup(params["embed"]["tokens"], ids_BxL)
+    return _norm(params["embed"]["ln"], lookup(params["embed"]["tokens"], ids_BxL), cfg)
 
 
 def embed(
@@ -248,12 +249,12 @@ def embed(
     rng: jax.Array | None = None,
     delta_BxLxD: jax.Array | None = None,
 ) -> jax.Array:
-    """LN(`input_embeddings` + delta_BxLxD, if given) -> [B, L, D] in cfg.dtype (normalised in
+    """`input_embeddings` (+ delta_BxLxD, if given) -> [B, L, D] in cfg.dtype (normalised in
     float32), then embedding dropout in training."""
     x_BxLxD = input_embeddings(params, cfg, ids_BxL, mask_BxL, types_BxL)
     if delta_BxLxD is not None:
         x_BxLxD = x_BxLxD + delta_BxLxD
-    x_BxLxD = _norm(params["embed"]["ln"], x_BxLxD, cfg).astype(DTYPES[cfg.dtype])
+    x_BxLxD = x_BxLxD.astype(DTYPES[cfg.dtype])
     return layers.dropout(x_BxLxD, cfg.embedding_dropout, train=train, rng=rng)
 
 
@@ -344,7 +345,7 @@ def encode(
     train=True applies the embedding, attention and feed-forward dropout and needs rng
     (attention dropout needs the "matrix" implementation; use
     ``dataclasses.replace(cfg, attention_dropout=0.0)`` with another one). embed_delta_BxLxD, if
-    given, is added to the token embeddings before their LayerNorm (`embed`).
+    given, is added to the token embeddings after their LayerNorm (`embed`).
     """
     rates = (cfg.embedding_dropout, cfg.dropout, cfg.attention_dropout)
     if train and rng is None and any(r > 0.0 for r in rates):
