@@ -3,7 +3,8 @@ directory read back by attn's own loader gives the same probabilities and the sa
 config.json names the class, labels and head transformers needs (auto_map and the family's own
 imports for a mean-pooled classifier); the tokenizer pads and truncates nothing by itself; a
 non-empty --out is refused and a failed export leaves nothing. transformers' own load of such
-directories: benchmarks/transformers_check.py (its result in docs/training.md)."""
+directories: benchmarks/transformers_check.py (its result in benchmarks/REPORT.md). predict
+--pretrained serves such a directory, or a hub classifier, with no workdir."""
 
 import ast
 import dataclasses
@@ -11,9 +12,10 @@ import json
 import pathlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import ROOT, assert_one_line_error, run_here
 
 from attn import encoder_classifier, encoders
 from attn.encoders import heads
@@ -186,3 +188,37 @@ def test_the_model_card_says_the_labels_the_test_accuracy_and_how_to_load():
     cls = hub_dir.model_card(_model("bert", "cls"), dataclasses.replace(card, test=None))
     assert "trust_remote_code" not in cls and "`BertForSequenceClassification`" in cls
     assert "Not measured" in cls
+
+
+@pytest.mark.parametrize("name", ["roberta", "deberta-v2"])
+def test_predict_serves_a_hub_classifier_directory_with_no_workdir(name, capsys):
+    """predict --pretrained on a ...ForSequenceClassification directory: its labels, and the
+    probabilities of its own head on the ids transformers' tokenizer gives (the golden file's;
+    `encoder_classifier.load` agrees with transformers' logits, test_classifier_checkpoints),
+    padded to another length: float32 rounding apart."""
+    directory = DATA / f"tiny_{name}_classifier"
+    golden = np.load(DATA / f"tiny_{name}_golden.npz")
+    params, cfg, _ = encoder_classifier.load(directory)
+    texts = [str(t) for t in golden["texts"][:2]]
+    proc = run_here(
+        "experiments.predict", f"--pretrained={directory}", "--json", *texts, capsys=capsys
+    )
+    assert proc.returncode == 0, proc.stderr
+    golden_ids = zip(golden["text_ids"][:2], golden["text_lengths"][:2], strict=True)
+    for line, (ids, n) in zip(proc.stdout.splitlines(), golden_ids, strict=True):
+        answer = json.loads(line)
+        ours = encoder_classifier.to_checkpoint(ids[:n], cfg.encoder.pad_id)  # an involution
+        logits, _ = encoder_classifier.apply(params, jnp.asarray(ours)[None], cfg)
+        want = np.asarray(jax.nn.softmax(logits))[0]
+        assert answer["label"] == LABELS[int(want.argmax())]
+        assert answer["probability"] == pytest.approx(float(want.max()), abs=1e-5)
+
+
+def test_predict_refuses_what_is_no_classifier_in_one_line(capsys):
+    base = DATA / "tiny_roberta"
+    proc = run_here("experiments.predict", f"--pretrained={base}", "a film", capsys=capsys)
+    assert_one_line_error(proc, "not a sequence classifier", "RobertaForSequenceClassification")
+    proc = run_here(
+        "experiments.predict", "--workdir=w", f"--pretrained={base}", "a film", capsys=capsys
+    )
+    assert_one_line_error(proc, "one of --workdir=DIR and --pretrained")
