@@ -147,7 +147,7 @@ def run(
         raise UserError("the imdb row needs --imdb_path=DIR (an unpacked aclImdb folder)")
     bert_dir = bert_dir or (TINY_BERT if quick else "")
     if not bert_dir:
-        raise UserError("finetune needs --bert_dir=DIR (a BERT-family model directory)")
+        raise UserError("finetune needs --bert_dir=DIR (a BERT-layout model directory)")
     previous, imdb_bert = previous or {}, bert_dir
     if not split_rows:  # the text file's rows stay as they were
         data_path, bert_dir = previous.get("data_path", ""), previous.get("bert_dir", bert_dir)

@@ -70,7 +70,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.model.dtype = "float32"
     config.model.init_from = ""  # a workdir whose encoder and tokenizer the run starts from
     config.model.embeddings_from = ""  # a word-vector file the token embeddings start from
-    config.model.pretrained = ""  # a BERT-family checkpoint directory to fine-tune (finetune.py)
+    config.model.pretrained = (
+        ""  # a pretrained encoder to fine-tune: directory or hub id (finetune.py)
+    )
     config.model.pretrained_layers = -1  # its first N layers (0: embeddings alone); -1 = all
     config.model.pretrained_init = "checkpoint"  # or "random": its architecture, random weights
 

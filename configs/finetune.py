@@ -1,6 +1,7 @@
-"""Fine-tuning a pretrained BERT-family encoder (a Hugging Face model directory) on your labelled
-texts: the checkpoint's encoder and tokenizer, mean pooling, dropout and a linear head, through
-the same train loop, checkpoints, evaluate and predict as attn's own models.
+"""Fine-tuning a pretrained encoder (a Hugging Face model directory or hub id, of any family
+`attn.encoders` reads) on your labelled texts: the checkpoint's encoder and tokenizer, mean
+pooling, dropout and a linear head, through the same train loop, checkpoints, evaluate and predict
+as attn's own models.
 
 Run:
   python -m experiments.train --config=configs/finetune.py --workdir=runs/ft \
@@ -8,10 +9,11 @@ Run:
   python -m experiments.evaluate --workdir=runs/ft
   python -m experiments.predict --workdir=runs/ft "a moving, funny film"
 
-The directory needs config.json, model.safetensors and tokenizer.json (or vocab.txt) of a BERT or
-RoBERTa-layout encoder whose padding id is 0 (BERT's [PAD]); its config.json decides the sizes,
-positions, embedding dropout and score, so overriding model.num_layers and the like is refused
-(model.pretrained_layers=N keeps the first N layers). The length (the 95th percentile in
+The directory needs config.json, model.safetensors and its tokenizer's files (tokenizer.json,
+vocab.txt or spm.model) of a BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ELECTRA, ModernBERT or
+DeBERTa-v2/v3 encoder; a hub id is downloaded with huggingface_hub. Its config.json decides the
+sizes, positions, embedding dropout and score, so overriding model.num_layers and the like is
+refused (model.pretrained_layers=N keeps the first N layers). The length (the 95th percentile in
 the checkpoint's tokens, [CLS] and [SEP] included), the tail a longer text keeps (3/4), the epochs
 (about 30,000 examples seen, 2 to 4), warmup (7.5%), the evaluation interval and the weight
 average's decay are chosen from the training split as configs/csv.py chooses them, printed when

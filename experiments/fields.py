@@ -211,8 +211,9 @@ FIELDS: dict[str, Field] = {
         before="",
     ),
     "model.pretrained": Field(
-        "fine-tune this Hugging Face BERT-family model directory (config.json, "
-        "model.safetensors, tokenizer.json or vocab.txt) with a linear head, using "
+        "fine-tune this Hugging Face model directory or hub id (config.json, "
+        "model.safetensors, tokenizer.json, vocab.txt or spm.model; any family attn.encoders "
+        "reads) with a linear head, using "
         "model.pooling (cls or mean), dropout (the head's) and implementation; its own sizes "
         "replace the other model fields; empty = attn's own classifier",
         before="",
@@ -500,7 +501,7 @@ def check_pretrained(config: ml_collections.ConfigDict) -> None:
         faults.append(f"data.tokenizer={config.data.tokenizer!r} (set 'pretrained')")
     if faults:
         raise UserError(
-            "model.pretrained fine-tunes a BERT-family encoder, which does not support "
+            "model.pretrained fine-tunes a pretrained encoder, which does not support "
             f"{'; '.join(faults)}: start from configs/finetune.py"
         )
 

@@ -178,20 +178,24 @@ class Reading:
     cut: bool = False  # the text is longer than the model reads
 
 
+def known_tokens(trained: Trained, ids_L: np.ndarray) -> int:
+    """How many of the ids [L] are tokens of the text that the vocabulary knows: PAD, UNK and
+    CLS say nothing about the text, and neither do spaces between unknown words."""
+    tok = trained.tokenizer
+    special = getattr(tok, "special_ids", frozenset((tokenizers.PAD, tokenizers.UNK, CLS)))
+    return sum(
+        int(i) not in special and int(i) > tokenizers.PAD and bool(t.strip())
+        for i, t in zip(ids_L, tok.tokens(ids_L.tolist()), strict=True)
+    )
+
+
 def reading(trained: Trained, text: str, ids_L: np.ndarray) -> Reading:
     """`ids_L` is `encode(trained, text)`. A note says what was read of a text cut to max_len,
     and that most (or all) of what was read is outside the vocabulary: an answer resting on
     few tokens, or on none."""
     tok = trained.tokenizer
-    tokens = tok.tokens(ids_L.tolist())
-    # PAD, UNK and CLS say nothing about the text, and neither do spaces between unknown words.
-    special = getattr(tok, "special_ids", frozenset((tokenizers.PAD, tokenizers.UNK, CLS)))
-    unk = getattr(tok, "unk_id", tokenizers.UNK)
-    known = sum(
-        int(i) not in special and int(i) > tokenizers.PAD and bool(t.strip())
-        for i, t in zip(ids_L, tokens, strict=True)
-    )
-    unknown = int(np.sum(ids_L == unk))
+    known = known_tokens(trained, ids_L)
+    unknown = int(np.sum(ids_L == getattr(tok, "unk_id", tokenizers.UNK)))
     notes = []
     if not known:
         notes.append(NO_KNOWN_TOKENS)

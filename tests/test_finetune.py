@@ -9,6 +9,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import types
 from pathlib import Path
 
@@ -366,8 +367,8 @@ def test_layer_decay_and_the_linear_schedule():
     }
     assert got["head"] == {"w": 1.0} and finetune.layer_scales(2, 1.0) is None
     config = finetune_config.get_config("tiny")
-    schedule = optim._schedule(config.optim, warmup=2, total=10)
     lr = config.optim.learning_rate
+    schedule = optim._schedule(config.optim, lr, warmup=2, total=10)
     assert [float(schedule(s)) for s in (0, 2, 6, 10)] == pytest.approx([0.0, lr, lr / 2, 0.0])
 
 
@@ -501,6 +502,45 @@ def test_data_info_reads_the_checkpoints_tokenizer(csv, capsys):
         assert (tokens, cut, unk) == ("9/9/9/9", "0.0%", "14.29%"), row
 
 
+def test_a_hub_id_is_downloaded_once_for_the_encoder_and_its_tokenizer(csv, capsys, monkeypatch):
+    # model.pretrained used to be refused unless it was a directory ("is not a directory").
+    asked = []
+
+    def snapshot_download(repo_id, allow_patterns):
+        asked.append((repo_id, tuple(allow_patterns)))
+        return str(TINY_BERT)
+
+    monkeypatch.setitem(
+        sys.modules, "huggingface_hub", types.SimpleNamespace(snapshot_download=snapshot_download)
+    )
+    flags = ["--config=configs/finetune.py", "--config.model.pretrained=someone/tiny-bert"]
+    proc = run_here("experiments.data_info", *flags, f"--config.data.path={csv}", capsys=capsys)
+    assert proc.returncode == 0, proc.stderr
+    assert "tokenizer pretrained  vocab_size 99" in proc.stdout
+    assert {repo for repo, _ in asked} == {"someone/tiny-bert"}
+    assert {"vocab.txt", "tokenizer.json", "spm.model", "*.safetensors"} <= set(asked[0][1])
+
+
+def test_a_hub_id_that_cannot_be_downloaded_is_one_line(csv, tmp_path, capsys, monkeypatch):
+    def offline(repo_id, allow_patterns):
+        raise OSError("Name or service not known")
+
+    monkeypatch.setitem(
+        sys.modules, "huggingface_hub", types.SimpleNamespace(snapshot_download=offline)
+    )
+    workdir = str(tmp_path / "w")
+    proc = run_here(
+        "experiments.train",
+        *_flags(csv, "--config.model.pretrained=bert-base-chinese"),
+        f"--workdir={workdir}",
+        capsys=capsys,
+    )
+    assert_one_line_error(
+        proc, "bert-base-chinese is no local directory", "download failed", "pass a directory"
+    )
+    assert not os.path.exists(os.path.join(workdir, "config.json"))
+
+
 def test_what_fine_tuning_cannot_do_is_refused_in_one_line(csv, tmp_path, capsys):
     workdir = str(tmp_path / "w")
     for more, fragments in (
@@ -514,7 +554,7 @@ def test_what_fine_tuning_cannot_do_is_refused_in_one_line(csv, tmp_path, capsys
             ["model.d_model, model.num_layers: with model.pretrained", "pretrained_layers=N"],
         ),
         (["--config.model.pretrained=" + str(tmp_path)], ["no config.json"]),
-        (["--config.model.pretrained=" + str(tmp_path / "none")], ["is not a directory"]),
+        (["--config.model.pretrained=" + str(tmp_path / "none")], ["none: no such directory"]),
     ):
         proc = run_here(
             "experiments.train", *_flags(csv, *more), f"--workdir={workdir}", capsys=capsys

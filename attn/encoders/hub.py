@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
+    "TOKENIZER_FILES",
     "CheckpointError",
     "Rule",
     "Stored",
@@ -41,6 +42,16 @@ __all__ = [
 ]
 
 _log = logging.getLogger("attn.encoders")
+# Downloaded with a hub id's weights, so that one download also serves its tokenizer: the files
+# the families ship (tokenizers' tokenizer.json, WordPiece vocab.txt, DeBERTa-v3's spm.model) and
+# the two that say how to read them.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "spm.model",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
 
 
 class CheckpointError(ValueError):
@@ -75,8 +86,8 @@ def param_count(params: Any) -> int:
 def local_dir(path: str | os.PathLike, patterns: Iterable[str] = ()) -> pathlib.Path:
     """A local directory as is; a path that looks local (absolute, ./ or ../, ~, or an existing
     file) and is not a directory says so; anything else is a Hugging Face hub id, downloaded
-    with huggingface_hub when it is installed (config.json, the safetensors files and
-    `patterns`)."""
+    with huggingface_hub when it is installed (config.json, the safetensors files, the
+    tokenizer files and `patterns`)."""
     name = os.fspath(path)
     if os.path.isdir(name):
         return pathlib.Path(name)
@@ -91,7 +102,13 @@ def local_dir(path: str | os.PathLike, patterns: Iterable[str] = ()) -> pathlib.
             f"{name} is not a local directory, and huggingface_hub is not installed to download "
             "it from the hub: pip install huggingface_hub, or pass a directory"
         ) from None
-    wanted = ["config.json", "*.safetensors", "model.safetensors.index.json", *patterns]
+    wanted = [
+        "config.json",
+        "*.safetensors",
+        "model.safetensors.index.json",
+        *TOKENIZER_FILES,
+        *patterns,
+    ]
     try:
         local = huggingface_hub.snapshot_download(repo_id=name, allow_patterns=wanted)
     except Exception as e:  # noqa: BLE001 (network, auth, a bad id: all one line here)

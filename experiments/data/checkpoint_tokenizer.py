@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from attn.encoders import hub
 from experiments.data import sentencepiece_model
 from experiments.errors import UserError
 
@@ -141,23 +142,23 @@ class CheckpointTokenizer:
 
 
 def for_config(config: Any) -> CheckpointTokenizer:
-    """model.pretrained's tokenizer, lowercasing first as data.lowercase asks."""
+    """model.pretrained's tokenizer (a directory, or a hub id downloaded as `attn.encoders.load`
+    downloads one), lowercasing first as data.lowercase asks."""
     directory = config.model.get("pretrained")
     if not directory:
         raise UserError(
             "data.tokenizer=pretrained reads the tokenizer of model.pretrained, which is empty: "
             "set --config.model.pretrained=DIR"
         )
-    if not Path(directory).is_dir():
-        raise UserError(
-            f"model.pretrained={directory!r} is not a directory: pass a Hugging Face model "
-            "directory (config.json, model.safetensors, tokenizer.json, vocab.txt or spm.model)"
-        )
-    if not (Path(directory) / "config.json").is_file():
+    try:
+        local = hub.local_dir(directory)
+    except hub.CheckpointError as e:
+        raise UserError(f"model.pretrained: {e}") from None
+    if not (local / "config.json").is_file():
         raise UserError(
             f"model.pretrained={directory!r} has no config.json: not a Hugging Face model directory"
         )
-    return CheckpointTokenizer(directory, config.data.lowercase)
+    return CheckpointTokenizer(local, config.data.lowercase)
 
 
 def load_saved(directory: str | Path, meta: dict) -> CheckpointTokenizer:

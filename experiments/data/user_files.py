@@ -445,7 +445,7 @@ def _table_rows(
         swallowed = [ln for ln in lines[first:last] if ln.strip()]
         inner = lines[first : last - 1]  # the last line, where a quote closes, always looks a row
         one_field = f"so lines {first}-{last} would be read as one field"
-        if swallowed and last == len(lines) and _quote_never_closes(lines[first - 1 :], dialect):
+        if swallowed and last == len(lines) and quote_never_closes(lines[first - 1 :], dialect):
             why = f"a quote opens here and never closes, {one_field}"
         elif any(_looks_like_a_row(ln, dialect, len(header), li, labels) for ln in inner):
             why = f"a quote opens here and closes only on line {last}, {one_field}"
@@ -465,7 +465,7 @@ def _table_rows(
     return rows
 
 
-def _quote_never_closes(lines: list[str], dialect: dict) -> bool:
+def quote_never_closes(lines: list[str], dialect: dict) -> bool:
     """Whether the file's end, read from the first of `lines`, is inside a quoted field."""
     try:
         list(csv.reader(lines, strict=True, **dialect))
