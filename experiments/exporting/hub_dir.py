@@ -86,7 +86,8 @@ def config_json(model: Model, base: dict) -> dict:
     hf["id2label"] = {str(i): name for i, name in enumerate(model.label_names)}
     hf["label2id"] = {name: i for i, name in enumerate(model.label_names)}
     hf["problem_type"] = "single_label_classification"
-    hf.pop("num_labels", None)  # id2label says it
+    # transformers derives it from id2label; written for readers of the file, and other tools.
+    hf["num_labels"] = len(model.label_names)
     return hf
 
 
