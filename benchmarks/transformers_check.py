@@ -10,9 +10,10 @@ imports torch or transformers: run this file in an environment that has them (to
         sentencepiece protobuf
     /tmp/refvenv/bin/python benchmarks/transformers_check.py EXPECTED.json [RESULT.json]
 
-EXPECTED.json, from `python -m benchmarks export` (attn's side): {name: {"dir": an exported
+EXPECTED.json, from benchmarks/probes/export_runs.py (attn's side): {name: {"dir": an exported
 directory, "texts": [...], "ids": [the checkpoint's ids attn read for each text], "probabilities":
-[attn predict's, per text]}}. Prints one row per directory and, with RESULT.json, writes them
+[attn predict's, per text], "tokenized": {text: the whole ids attn's tokenizer gives, [CLS] and
+[SEP] around, nothing cut}}}. Prints one row per directory and, with RESULT.json, writes them
 there; exits 1 when any directory fails (tolerance 1e-4 on the probabilities).
 """
 
@@ -45,6 +46,8 @@ def check(entry: dict) -> dict:
         with torch.no_grad():
             got = model(**batch).logits.softmax(-1)[0].double()
         gap = max(gap, float((got - torch.tensor(want, dtype=torch.float64)).abs().max()))
+    for text, ids in entry.get("tokenized", {}).items():
+        ids_match &= tokenizer(text)["input_ids"] == ids
     onnx_gap = _onnx_gap(directory, tokenizer, entry)
     return {
         "class": type(model).__name__,
