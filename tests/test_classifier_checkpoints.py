@@ -6,6 +6,7 @@ are the stored ones; a fresh head has exactly the class's tensors, in both pooli
 does not serve is refused in one line."""
 
 import dataclasses
+import functools
 import json
 import pathlib
 import shutil
@@ -34,13 +35,17 @@ def _golden(name: str) -> dict:
 
 def _inputs(params: dict, cfg: encoder_classifier.Config, g: dict) -> tuple[np.ndarray, dict]:
     """attn's ids of the golden batch (0 pads), and the golden's token types as the embedding
-    delta they add (`apply` reads type 0; type t adds types[t] - types[0] before the LayerNorm)."""
+    delta they add (`apply` reads type 0; the input embeddings, normalised, with the golden's
+    types less those with type 0)."""
     ids = np.asarray(encoder_classifier.to_checkpoint(g["ids"], cfg.encoder.pad_id))
     ids = np.where(g["mask"] > 0, ids, 0)
     kw = {}
     if np.any(g["types"]):
-        table = np.asarray(params["encoder"]["embed"]["types"])
-        kw["embed_delta_BxLxD"] = table[g["types"]] - table[0]
+        fam = encoders.family(cfg.encoder)
+        mask = jnp.asarray(g["mask"] > 0)
+        embed = functools.partial(fam.input_embeddings, params["encoder"], cfg.encoder)
+        typed = embed(jnp.asarray(g["ids"]), mask, jnp.asarray(g["types"]))
+        kw["embed_delta_BxLxD"] = typed - embed(jnp.asarray(g["ids"]), mask)
     return ids, kw
 
 
