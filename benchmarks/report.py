@@ -536,6 +536,32 @@ def _families_md(sec: dict) -> list[str]:
     return [*lines, "", *(f"No jax.nn reference: {w}." for w in sorted(why)), ""]
 
 
+def _export_md(sec: dict) -> list[str]:
+    v = sec["versions"]
+    lines = [
+        f"## {SECTIONS['export'][0]}",
+        "",
+        "Each tiny checkpoint of tests/data/encoders fine-tuned 8 steps (`configs/finetune.py:tiny`"
+        "), and all-MiniLM-L6-v2 30 steps (`configs/finetune.py`), in both poolings, exported "
+        "(`python -m experiments.export`) and loaded by transformers "
+        f"{v['transformers']} (torch {v['torch']}) with AutoTokenizer and "
+        "AutoModelForSequenceClassification: the largest |probability - predict's| over 5 texts, "
+        "and whether AutoTokenizer gives attn's ids on 8 texts (Chinese, accents, an emoji and a "
+        "text longer than the encoder reads among them, nothing cut). Commands: "
+        f"`{SECTIONS['export'][1]}`.",
+        "",
+        "| run | transformers class | tokenizer | ids | max abs prob. difference | loads cleanly |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, r in sec["rows"].items():
+        lines.append(
+            f"| {name} | {r['class']} | {r['tokenizer']} | "
+            f"{'same' if r['ids_match'] else 'DIFFER'} | {r['max_probability_gap']:.1e} | "
+            f"{'yes' if not r['load_faults'] else r['load_faults']} |"
+        )
+    return [*lines, ""]
+
+
 def _peers_md(sec: dict) -> list[str]:
     r, e = sec["recipe"], sec["encoder"]
     load = sec["load_average"]
@@ -620,6 +646,12 @@ SECTIONS = {
     "families": (
         "10. Every encoder family: its fine-tuning step against jax.nn's attention",
         "python -m benchmarks families",
+    ),
+    "export": (
+        "11. Exported classifiers loaded by transformers",
+        "python benchmarks/probes/export_runs.py OUT --minilm=DIR/all-MiniLM-L6-v2; "
+        "REFVENV/bin/python benchmarks/transformers_check.py OUT/expected.json OUT/checked.json; "
+        "python -m benchmarks.report --export=OUT/checked.json",
     ),
 }
 
@@ -727,12 +759,15 @@ def write(results: dict, out: str) -> None:
         ("finetune", _finetune_md),
         ("peers", _peers_md),
         ("families", _families_md),
+        ("export", _export_md),
     )
     for name, fn in sections:
         if name not in results:
             continue
         sec = results[name]
         lines += _attention_md(sec, out) if fn is None else fn(sec)
+        if name == "export":  # a check of files, timed by no one
+            continue
         rss = f"; process peak RSS so far {_peak(sec) / 2**30:.2f} GiB" if _peak(sec) else ""
         quick = "; --quick" if sec.get("quick") else ""
         lines += [f"_Section wall time {_wall(sec):.0f} s{rss}{quick}._", ""]
@@ -756,10 +791,15 @@ def _peak(sec: dict) -> int:
 
 
 def main(argv: list[str]) -> None:
-    """REPORT.md and the docs' results regions from the committed results.json; runs nothing."""
+    """REPORT.md and the docs' results regions from the committed results.json; runs nothing.
+    --export=CHECKED.json (benchmarks/transformers_check.py's) is stored first as its section."""
     out = next((a.split("=", 1)[1] for a in argv if a.startswith("--out=")), "benchmarks")
     with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
         results = json.load(f)
+    checked = next((a.split("=", 1)[1] for a in argv if a.startswith("--export=")), None)
+    if checked:
+        with open(checked, encoding="utf-8") as f:
+            results["export"] = json.load(f)
     write(results, out)
     changed = docs.write(results)
     print(

@@ -3,6 +3,11 @@
   python -m experiments.predict --workdir=runs/default "质量很好，很满意" "质量太差了"
   printf '很好\\n很差\\n' | python -m experiments.predict --workdir=runs/default
   python -m experiments.predict --workdir=runs/default --path=reviews.csv --out=labelled.csv
+  python -m experiments.predict --pretrained=exported/ft "a dull film"
+
+--pretrained=DIR_OR_HUB_ID answers with a transformers ...ForSequenceClassification as it is, no
+workdir (an exported one, or a hub classifier of a family attn reads): its own head, labels and
+tokenizer, reading up to its encoder's positions of a text.
 
 Texts come from the arguments or, when there are none, one per line from standard input (blank
 lines at the end are ignored). Stdout has one line per text, in input order, after a header:
@@ -101,6 +106,12 @@ def format_line(p: dict) -> str:
 def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("workdir", None, "A workdir written by experiments.train.", flag_values=fv)
     flags.DEFINE_string(
+        "pretrained",
+        None,
+        "Instead of --workdir: a transformers ...ForSequenceClassification directory or hub id.",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
         "path", None, "Classify every row of this CSV/TSV/JSONL file instead.", flag_values=fv
     )
     flags.DEFINE_string(
@@ -135,8 +146,8 @@ def define_flags(fv: flags.FlagValues) -> None:
 
 
 def main(fv: flags.FlagValues, argv: list[str]) -> int:
-    if not fv.workdir:
-        raise UserError("--workdir=DIR is required")
+    if bool(fv.workdir) == bool(fv.pretrained):
+        raise UserError("give one of --workdir=DIR and --pretrained=DIR_OR_HUB_ID")
     if fv.path is not None:
         if len(argv) > 1:
             raise UserError("pass texts or --path=FILE, not both")
@@ -167,7 +178,7 @@ def main(fv: flags.FlagValues, argv: list[str]) -> int:
 
 
 def _trained(fv: flags.FlagValues) -> serving.Trained:
-    trained = serving.load(fv.workdir)
+    trained = serving.load(fv.workdir) if fv.workdir else serving.load_pretrained(fv.pretrained)
     if fv.max_len is not None:
         trained = serving.reading_up_to(trained, fv.max_len)
     print(f"answering from {trained.source}", file=sys.stderr)

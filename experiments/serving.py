@@ -1,6 +1,7 @@
 """A trained run, served: its config, tokenizer, model config and the weights to serve (loaded
-from a workdir for evaluate, predict, visualize and faithfulness), a user text encoded as training
-encoded texts, and what the model reads of it.
+from a workdir for evaluate, predict, visualize and faithfulness, or from a transformers sequence
+classifier with no workdir, `load_pretrained`), a user text encoded as training encoded texts, and
+what the model reads of it.
 """
 
 import dataclasses
@@ -10,9 +11,10 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from attn import models
+from attn import encoder_classifier, encoders, models
+from configs import finetune
 from experiments import workdir_reader
-from experiments.data import encoding, scripts, tokenizers
+from experiments.data import checkpoint_tokenizer, encoding, scripts, tokenizers
 from experiments.data.tokenizers import CLS
 from experiments.errors import UserError
 from experiments.training import checkpoints
@@ -51,6 +53,29 @@ def load(workdir: str, which: str = checkpoints.BEST) -> Trained:
         _describe(held),
         held.scripts,
     )
+
+
+def load_pretrained(path: str) -> Trained:
+    """A transformers ...ForSequenceClassification directory or hub id (an exported workdir
+    among them) served as it is: its head, labels and own tokenizer
+    (`attn.encoder_classifier.load`), reading up to its encoder's positions from the text's start
+    as transformers truncates; UserError in one line for what that load refuses."""
+    try:
+        params, cfg, names = encoder_classifier.load(path)
+        directory = encoders.open_checkpoint(path).directory
+    except encoders.CheckpointError as e:
+        raise UserError(f"--pretrained: {e}") from None
+    tok = checkpoint_tokenizer.CheckpointTokenizer(directory)
+    config = finetune.get_config()
+    with config.unlocked():
+        config.model.pretrained = str(path)
+        config.model.pooling = cfg.pooling
+        config.data.max_len = cfg.max_len
+        config.data.tail_len = 0
+        # Doubling lengths: a new text length compiles at most log2(max_len) programs.
+        config.data.buckets = tuple(1 << k for k in range(4, cfg.max_len.bit_length()))
+    source = f"the sequence classifier {str(path)!r} as it is (no workdir)"
+    return Trained(config, cfg, params, tok, names, 0, source)
 
 
 def framing_ids(trained: Trained) -> np.ndarray:

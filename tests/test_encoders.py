@@ -8,6 +8,7 @@ each, then evaluate, predict and visualize --steps serve the workdir.
 Family-specific checks (options refused, positions, windows, disentangled scores) live in each
 family's own test file."""
 
+import dataclasses
 import json
 import pathlib
 import random
@@ -77,6 +78,21 @@ def test_the_classifier_checkpoint_holds_the_same_kind_of_encoder(name):
     assert encoders.param_count(params) == encoders.param_count(
         encoders.init(jax.random.key(0), cfg_clf)
     )
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_the_config_json_keys_a_family_writes_read_back_as_its_config(name):
+    """to_hf(cfg) alone (no other key of the checkpoint's config.json) reads back as cfg: what
+    an exported checkpoint's config.json must say of its encoder. Another layer count reads back
+    as that count."""
+    ck = encoders.open_checkpoint(DATA / f"tiny_{name}")
+    fam, cfg = ck.family, ck.config
+    back = fam.from_hf(
+        {"model_type": ck.hf["model_type"], **fam.to_hf(cfg)}, frozenset(ck.names), ""
+    )
+    assert back == cfg
+    fewer = dataclasses.replace(cfg, num_layers=1)
+    assert fam.from_hf({**ck.hf, **fam.to_hf(fewer)}, frozenset(ck.names), "") == fewer
 
 
 def _broken(tmp_path: pathlib.Path, name: str, edit) -> pathlib.Path:

@@ -99,7 +99,7 @@ def test_a_numpy_forward_from_the_stored_names_matches_transformers_and_attn():
 
 
 def test_the_classifier_head_is_pre_classifier_relu_classifier_on_the_first_token():
-    """What the skipped head of ..._classifier computes (a later head must serve it this way):
+    """What the skipped head of ..._classifier computes (the family's head serves it this way):
     logits = classifier(relu(pre_classifier(h[:, 0]))) reproduces transformers' logits."""
     g = _golden()
     params, cfg = encoders.load(DATA / "tiny_distilbert_classifier")

@@ -158,7 +158,7 @@ def test_a_projection_that_config_json_does_not_imply_is_refused(tmp_path):
 
 
 def test_the_classifier_head_is_dense_gelu_out_proj_on_the_first_token():
-    """What the skipped head of ..._classifier computes (a later head must serve it this way):
+    """What the skipped head of ..._classifier computes (the family's head serves it this way):
     logits = out_proj(gelu(dense(h[:, 0]))), exact GELU (ElectraClassificationHead), reproduces
     transformers' logits."""
     g = _golden()

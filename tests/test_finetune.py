@@ -29,13 +29,16 @@ from conftest import (
     tol32,
     train_interrupted,
 )
+from safetensors import safe_open
 
 from attn import bert, encoder_classifier
+from attn.encoders import heads
 from configs import finetune as finetune_config
 from experiments import cli, evaluate, parallel, predict, serving, train, workdir_reader
 from experiments.data import checkpoint_tokenizer, chosen, encoding, tokenizers
 from experiments.errors import UserError
 from experiments.explain import faithfulness, maps, ranking
+from experiments.exporting import hub_dir
 from experiments.training import baseline, checkpoints, classify, finetune, optim
 
 TINY_BERT = ROOT / "tests" / "data" / "bert" / "tiny_bert"
@@ -249,6 +252,64 @@ def test_the_explaining_commands_serve_the_fine_tuned_workdir(finetuned, tmp_pat
     ]
     words = [len(ids) - 2 for ids in drawn_ids]  # [CLS] and [SEP] are no candidates
     assert result["num_texts"] == 6 and result["median_tokens"] == np.median(words)
+
+
+def test_export_writes_a_classifier_that_predict_reads_back_as_the_workdir(
+    finetuned, tmp_path, capsys
+):
+    """python -m experiments.export of the mean-pooled fine-tune: config.json names the class,
+    labels and family transformers needs, the weights are the served ones alone, and predict
+    --pretrained on the directory answers as predict --workdir does (the same float32
+    computation, padded to other lengths: rounding apart)."""
+    out = tmp_path / "exported"
+    proc = run_here("experiments.export", f"--workdir={finetuned}", f"--out={out}", capsys=capsys)
+    assert proc.returncode == 0, proc.stderr
+    hf = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    assert hf["architectures"] == [heads.MEAN_POOLED] and hf["model_type"] == "bert"
+    assert hf["num_labels"] == 2 and hf["problem_type"] == "single_label_classification"
+    assert hf["id2label"] == {"0": "neg", "1": "pos"} and hf["label2id"] == {"neg": 0, "pos": 1}
+    assert hf["auto_map"]["AutoModelForSequenceClassification"].endswith(heads.MEAN_POOLED)
+    written = {"model.safetensors", "vocab.txt", "tokenizer_config.json", "README.md"}
+    assert written | {hub_dir.MODELING_FILE} <= set(os.listdir(out))
+    trained = serving.load(finetuned)
+    want = encoder_classifier.checkpoint_tensors(trained.params, trained.cfg)
+    with safe_open(out / "model.safetensors", "np") as f:  # the served weights, nothing more
+        assert set(f.keys()) == set(want)
+        for name in want:
+            np.testing.assert_array_equal(f.get_tensor(name), want[name], err_msg=name)
+    texts = ["a dull film", "the film was great and moving", "the film 7 was bad"]
+    answers = []
+    for source in (f"--workdir={finetuned}", f"--pretrained={out}"):
+        proc = run_here("experiments.predict", source, "--json", *texts, capsys=capsys)
+        assert proc.returncode == 0, proc.stderr
+        answers.append([json.loads(line) for line in proc.stdout.splitlines()])
+    for ours, exported in zip(*answers, strict=True):
+        assert ours["label"] == exported["label"]
+        assert exported["probability"] == pytest.approx(ours["probability"], abs=1e-5)
+
+
+def test_what_export_cannot_write_is_refused_in_one_line(
+    finetuned, trained, pretrained, tmp_path, capsys
+):
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("mine", encoding="utf-8")
+    older = tmp_path / "older"  # no copy of the checkpoint's config.json, and its source gone
+    shutil.copytree(finetuned, older)
+    os.remove(older / checkpoint_tokenizer.SUBDIR / checkpoint_tokenizer.CONFIG)
+    config = json.loads((older / "config.json").read_text(encoding="utf-8"))
+    config["model"]["pretrained"] = str(tmp_path / "moved")
+    (older / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    for workdir, out, fragments in (
+        (finetuned, full, ["exists and is not an empty directory"]),
+        (trained, tmp_path / "own", ["attn's own model", "predict, evaluate and visualize"]),
+        (pretrained, tmp_path / "mlm", ["pretraining workdir", "fine-tune it first"]),
+        (older, tmp_path / "old", ["keeps no copy", "config.json"]),
+    ):
+        proc = run_here("experiments.export", f"--workdir={workdir}", f"--out={out}", capsys=capsys)
+        assert_one_line_error(proc, *fragments)
+    assert sorted(os.listdir(tmp_path)) == ["full", "older"]
+    assert os.listdir(full) == ["keep.txt"]
 
 
 def test_resume_after_interrupt_matches_the_uninterrupted_run(

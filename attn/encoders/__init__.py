@@ -3,30 +3,35 @@
     params, cfg = attn.encoders.load("path/or/hub-id")        # any family below
     hidden_BxLxD = attn.encoders.encode(params, cfg, ids_BxL, mask_BxL)
 
-Every family is one record (`Family`: its config, init, encode, checkpoint rules, ...) in its own
-subpackage (a `model` module that computes it, a `checkpoint` module that reads Hugging Face's
-files), named once in _PACKAGES. Code outside a family's modules asks `family(cfg)` or
-`family(name)`, never the type of a config. `load` reads config.json's model_type, picks the
-family, and maps every stored tensor by the family's rules (`attn.encoders.hub`).
+Every family is one record (`Family`: its config, init, encode, checkpoint rules, classification
+head, ...) in its own subpackage (a `model` module that computes it, a `checkpoint` module that
+reads Hugging Face's files, a `head` module for its ...ForSequenceClassification head, read and
+served by `attn.encoder_classifier`), named once in _PACKAGES. Code outside a family's modules
+asks `family(cfg)` or `family(name)`, never the type of a config. `load` reads config.json's
+model_type, picks the family, and maps every stored tensor by the family's rules
+(`attn.encoders.hub`).
 
 Token ids are the checkpoint's own; mask is True (or 1) on real tokens.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
+import pathlib
 from typing import Any
 
 import jax
 
 from attn.attention import attention
-from attn.encoders import hub
+from attn.encoders import heads, hub
 from attn.encoders.family import Family, first_layers
 from attn.encoders.hub import CheckpointError, Rule, param_count
 
 __all__ = [
     "FAMILIES",
+    "Checkpoint",
     "CheckpointError",
     "Family",
     "Rule",
@@ -36,6 +41,7 @@ __all__ = [
     "init",
     "load",
     "model_types",
+    "open_checkpoint",
     "param_count",
 ]
 
@@ -97,14 +103,38 @@ def encode(
     return family(cfg).encode(params, cfg, ids_BxL, mask_BxL, types_BxL, **kw)
 
 
-def load(path: str | os.PathLike) -> tuple[dict, Any]:
-    """(params, cfg) from a Hugging Face model directory or hub id (config.json +
-    model.safetensors, read with safetensors' numpy reader; float32 params whatever the stored
-    float dtype) of any registered family. Every stored tensor is placed by the family's rules or
-    skipped by name (buffers, task heads); a missing, unknown, wrongly shaped or non-float tensor
-    is collected and raised together in one `CheckpointError`, as is a model_type or option the
-    family does not compute. The parameter count is checked against the stored count and logged
-    with what was skipped (logger "attn.encoders", INFO)."""
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """A Hugging Face model directory read as far as its headers (no tensor values): its
+    config.json, the family its model_type names, the encoder config, every stored tensor's
+    file, shape and dtype, and two maps to the stored names: `names` from the encoder's names
+    (the task model's prefix stripped), `full` from the names as stored, each with legacy
+    LayerNorm gamma / beta read as weight / bias."""
+
+    directory: pathlib.Path
+    hf: dict
+    family: Family
+    config: Any
+    tensors: dict[str, hub.Stored]
+    names: dict[str, str]
+    full: dict[str, str]
+
+    @property
+    def where(self) -> str:
+        return str(self.directory)
+
+
+def _legacy(name: str) -> str:
+    for old, new in _LEGACY.items():
+        if name.endswith(old):
+            return name[: -len(old)] + new
+    return name
+
+
+def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """A model directory or hub id of any registered family, its headers read; CheckpointError
+    in one line for a model_type, architecture or option the family does not compute, or two
+    stored tensors that are one parameter."""
     directory = hub.local_dir(path)
     where = str(directory)
     hf = hub.config_json(directory)
@@ -114,7 +144,8 @@ def load(path: str | os.PathLike) -> tuple[dict, Any]:
         raise CheckpointError(
             f"{where}: model_type {model_type!r} is not supported; attn reads {model_types()}"
         )
-    other = [a for a in hf.get("architectures") or () if a not in fam.architectures]
+    known = (*fam.architectures, heads.MEAN_POOLED)
+    other = [a for a in hf.get("architectures") or () if a not in known]
     if other:
         raise CheckpointError(
             f"{where}: architecture {', '.join(other)} is not supported; attn reads "
@@ -122,18 +153,31 @@ def load(path: str | os.PathLike) -> tuple[dict, Any]:
         )
     tensors = hub.stored(directory)
     names: dict[str, str] = {}  # canonical name -> stored name
+    full: dict[str, str] = {}
     problems = []
     for key in tensors:
-        name = next((key[len(p) :] for p in fam.prefixes if key.startswith(p)), key)
-        for old, new in _LEGACY.items():
-            if name.endswith(old):
-                name = name[: -len(old)] + new
+        name = _legacy(next((key[len(p) :] for p in fam.prefixes if key.startswith(p)), key))
         if name in names:
             problems.append(f"tensors {names[name]} and {key} are the same parameter")
         names[name] = key
+        full[_legacy(key)] = key
     if problems:
         raise CheckpointError(f"cannot load {where}: {'; '.join(problems)}")
     cfg = fam.from_hf(hf, frozenset(names), where)
-    skipped = [n for n in names if fam.skip(n)]
-    params = hub.read(directory, tensors, names, fam.rules(cfg), skipped, fam.init, cfg)
+    return Checkpoint(directory, hf, fam, cfg, tensors, names, full)
+
+
+def load(path: str | os.PathLike) -> tuple[dict, Any]:
+    """(params, cfg) from a Hugging Face model directory or hub id (config.json +
+    model.safetensors, read with safetensors' numpy reader; float32 params whatever the stored
+    float dtype) of any registered family. Every stored tensor is placed by the family's rules or
+    skipped by name (buffers, task heads); a missing, unknown, wrongly shaped or non-float tensor
+    is collected and raised together in one `CheckpointError`, as is a model_type or option the
+    family does not compute. The parameter count is checked against the stored count and logged
+    with what was skipped (logger "attn.encoders", INFO). A sequence classifier with its head:
+    `attn.encoder_classifier.load`."""
+    ck = open_checkpoint(path)
+    fam, cfg = ck.family, ck.config
+    skipped = [n for n in ck.names if fam.skip(n)]
+    params = hub.read(ck.directory, ck.tensors, ck.names, fam.rules(cfg), skipped, fam.init, cfg)
     return params, cfg

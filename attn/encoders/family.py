@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from attn.encoders.heads import Head
 from attn.encoders.hub import Rule
 
 __all__ = ["PROJECTED_QK", "Family", "checked_inputs", "first_layers", "lookup", "projected_qk"]
@@ -40,10 +41,13 @@ class Family:
 
     name: what a workdir records of a model built on it ("bert", "distilbert", ...).
     model_types: config.json "model_type" values it reads; architectures: the config.json
-      "architectures" it reads (the bare encoder and the task models whose heads are skipped).
+      "architectures" whose encoder it reads (the bare encoder and the task models; `load`
+      skips their heads, `attn.encoder_classifier.load` reads a sequence classifier's).
     config: its config dataclass; from_hf(config.json, stored names, where) -> config, raising
       `CheckpointError` for what the family cannot compute (stored names: the checkpoint's
-      tensors, prefixes stripped, for what config.json leaves out, e.g. whether a pooler exists).
+      tensors, prefixes stripped, for what config.json leaves out, e.g. whether a pooler exists);
+      to_hf(config) -> the config.json keys from_hf reads, so a checkpoint written with them
+      reads back as `config` (its dtype aside).
     prefixes: what task models put before the encoder's tensor names ("bert.", "roberta.", ...).
     rules(config) -> {stored name: (Rule, ...)}: every encoder tensor (`attn.encoders.hub`).
     skip(name) -> bool: stored tensors that are no part of the encoder (buffers, task heads).
@@ -53,8 +57,8 @@ class Family:
       input_embeddings(params, config, ids_BxL, mask_BxL) -> [B, L, D] float32, what
       embed_delta_BxLxD is added to (gradient × input attributes to it);
       attention_steps(params, config, ids_L, mask_L, *, layer) -> `attn.multihead.Steps`.
-    pool(params, h_BxLxD) -> [B, D]: the checkpoint's own first-token pooler, or the first
-      token's state when it has none.
+    head: its ...ForSequenceClassification head (`attn.encoders.heads.Head`): what "cls"
+      pooling computes, its params and the names that class stores them under.
     score: the name of the score its attention computes (`attn.scores`), for figures.
     steps_input(config, layer) -> what X is in the step-by-step figure of `layer`.
     steps_qk(config, layer) -> the titles of Q and K in that figure: what `attention_steps`
@@ -68,6 +72,7 @@ class Family:
     architectures: tuple[str, ...]
     config: type
     from_hf: Callable[[Mapping[str, Any], frozenset[str], str], Any]
+    to_hf: Callable[[Any], dict]
     prefixes: tuple[str, ...]
     rules: Callable[[Any], dict[str, tuple[Rule, ...]]]
     skip: Callable[[str], bool]
@@ -75,7 +80,7 @@ class Family:
     encode: Callable[..., Any]
     input_embeddings: Callable[..., Any]
     attention_steps: Callable[..., Any]
-    pool: Callable[[dict, Any], Any]
+    head: Head
     score: str
     steps_input: Callable[[Any, int], str]
     steps_qk: Callable[[Any, int], tuple[str, str]] = projected_qk

@@ -8,7 +8,8 @@ e.g. q, k and v) which rows of its first axis are this param's. `read` checks ev
 and dtype against the family's `init` (traced only), collects every fault and raises them
 together in one line: a missing tensor, an unknown one, a wrong shape or a non-float parameter
 is never a warning. What a family says to skip (buffers, task heads) is skipped by name and
-reported. The loaded values are counted against the stored ones.
+reported. The loaded values are counted against the stored ones. `tensors` applies the same
+rules backwards: the tensors a checkpoint of given params stores.
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ __all__ = [
     "Rule",
     "Stored",
     "config_json",
+    "config_keys",
     "local_dir",
     "param_count",
     "read",
     "stored",
+    "tensors",
 ]
 
 _log = logging.getLogger("attn.encoders")
@@ -138,6 +141,12 @@ def config_json(directory: pathlib.Path) -> dict:
     if not isinstance(hf, dict):
         raise CheckpointError(f"{path} is not a JSON object")
     return hf
+
+
+def config_keys(cfg: Any, keys: Mapping[str, tuple[str, Any]]) -> dict:
+    """config.json's keys of a config's fields: `keys` maps a field to (its config.json key,
+    default), as a family's from_hf reads them; this writes them back."""
+    return {key: getattr(cfg, field) for field, (key, _) in keys.items()}
 
 
 def _weight_files(directory: pathlib.Path) -> list[pathlib.Path]:
@@ -291,3 +300,23 @@ def read(
         f"{', '.join(left)} ({left_values:,} values)" if left else "nothing",
     )
     return params
+
+
+def tensors(params: Any, rules: Mapping[str, tuple[Rule, ...]]) -> dict[str, np.ndarray]:
+    """The float32 tensors [as stored: PyTorch's layout] that `rules` read into `params`: `read`
+    backwards (transposed back, row blocks concatenated in order). KeyError naming a params path
+    that `params` lacks."""
+    out = {}
+    for name, parts in rules.items():
+        pieces = []
+        for r in sorted(parts, key=lambda r: r.rows or (0, 0)):
+            node = params
+            for key in r.path:
+                if not isinstance(node, Mapping) or key not in node:
+                    raise KeyError(f"params have no {'.'.join(r.path)} (for tensor {name})")
+                node = node[key]
+            x = np.asarray(node, np.float32)
+            pieces.append(x.T if r.transpose else x)
+        whole = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=0)
+        out[name] = np.ascontiguousarray(whole)
+    return out

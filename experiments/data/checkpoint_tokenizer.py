@@ -13,6 +13,8 @@ switched off here (truncation is `encoding.cut`'s head + tail, padding the batch
 
 Saved into a workdir as a copy of the files it was read from (in checkpoint_tokenizer/) beside
 attn's tokenizer.json, whose kind "pretrained" tells `tokenizers.load_tokenizer` to read them back.
+The checkpoint's config.json is copied with them (CONFIG): transformers' AutoTokenizer picks a
+tokenizer class by its model_type, and export writes the fine-tuned model's config from it.
 """
 
 import json
@@ -31,6 +33,10 @@ KIND = "pretrained"
 SUBDIR = "checkpoint_tokenizer"  # in a workdir: the copied files
 # Copied beside the tokenizer file where present: what reading it consults.
 _EXTRA = ("tokenizer_config.json", "special_tokens_map.json")
+# Every tokenizer file a saved tokenizer may hold: one of the first three (read in that order),
+# the rest where present.
+FILES = ("tokenizer.json", "vocab.txt", "spm.model", *_EXTRA)
+CONFIG = "config.json"  # the checkpoint's, saved beside them
 # (cls, sep, pad, unk) token names of the families attn.encoders loads, when the files name none.
 _NAMES = (("[CLS]", "[SEP]", "[PAD]", "[UNK]"), ("<s>", "</s>", "<pad>", "<unk>"))
 BATCH_PAD = 0  # the id attn's batches pad with
@@ -110,13 +116,15 @@ class CheckpointTokenizer:
         return self._hf.decode([int(i) for i in own], skip_special_tokens=True)
 
     def save(self, directory: str | Path) -> None:
-        """Copies the files it was read from into DIRECTORY/checkpoint_tokenizer/ and writes
-        DIRECTORY/tokenizer.json saying so."""
+        """Copies the files it was read from (and the checkpoint's config.json) into
+        DIRECTORY/checkpoint_tokenizer/ and writes DIRECTORY/tokenizer.json saying so."""
         d = Path(directory)
         sub = d / SUBDIR
         sub.mkdir(parents=True, exist_ok=True)
         for name in self._files:
             shutil.copyfile(self.directory / name, sub / name)
+        if (self.directory / CONFIG).is_file():
+            shutil.copyfile(self.directory / CONFIG, sub / CONFIG)
         meta = {
             "format": 1,
             "kind": KIND,

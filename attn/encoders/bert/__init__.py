@@ -1,8 +1,8 @@
 """BERT, RoBERTa and XLM-RoBERTa: one architecture (post-LayerNorm blocks, learned absolute
-positions, scaled dot-product attention), its computation in `model` and its checkpoints'
-rules in `checkpoint`."""
+positions, scaled dot-product attention), its computation in `model`, its checkpoints'
+rules in `checkpoint` and its classification head in `head`."""
 
-from attn.encoders.bert import checkpoint, model
+from attn.encoders.bert import checkpoint, head, model
 from attn.encoders.family import Family
 
 FAMILY = Family(
@@ -11,6 +11,7 @@ FAMILY = Family(
     architectures=checkpoint.ARCHITECTURES,
     config=model.Config,
     from_hf=checkpoint.from_hf,
+    to_hf=checkpoint.to_hf,
     prefixes=checkpoint.PREFIXES,
     rules=checkpoint.rules,
     skip=checkpoint.skip,
@@ -18,7 +19,7 @@ FAMILY = Family(
     encode=model.encode,
     input_embeddings=model.input_embeddings,
     attention_steps=model.attention_steps,
-    pool=model.first_token,
+    head=head.HEAD,
     score="scaled_dot",
     steps_input=model.steps_input,
 )

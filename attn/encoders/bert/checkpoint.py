@@ -25,14 +25,14 @@ need no reshape: both split a projection's D outputs into H contiguous blocks of
 taking columns h*D/H:(h+1)*D/H (`attn.multihead`), as `view(B, L, H, D/H)` does.
 Skipped and reported: the buffers embeddings.position_ids and embeddings.token_type_ids, and the
 task heads cls.* (BertForPreTraining, BertForMaskedLM), lm_head.* (RobertaForMaskedLM) and
-classifier.* (...ForSequenceClassification).
+classifier.* (...ForSequenceClassification, whose head `head` reads for a classifier).
 """
 
 from collections.abc import Mapping
 from typing import Any
 
 from attn.encoders.bert.model import Config
-from attn.encoders.hub import CheckpointError, Rule
+from attn.encoders.hub import CheckpointError, Rule, config_keys
 
 __all__ = [
     "ARCHITECTURES",
@@ -44,6 +44,7 @@ __all__ = [
     "linear",
     "rules",
     "skip",
+    "to_hf",
 ]
 
 # model_type -> the architectures whose checkpoints hold this encoder (their heads skipped).
@@ -172,7 +173,17 @@ def from_hf(hf: Mapping[str, Any], names: frozenset[str], where: str) -> Config:
     if not bert:  # RoBERTa's positions count real tokens from pad_id + 1
         kw["position_offset"] = kw["pad_id"] + 1
     kw["pooler"] = any(n.startswith("pooler.") for n in names)
+    kw["model_type"] = hf["model_type"]
     try:
         return Config(**kw)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{where}: config.json is not supported: {e}") from None
+
+
+def to_hf(cfg: Config) -> dict:
+    """config.json's keys of `cfg` (from_hf's inverse; the pooler is its tensors')."""
+    return {
+        **config_keys(cfg, _CONFIG_KEYS),
+        "pad_token_id": cfg.pad_id,
+        "model_type": cfg.model_type,
+    }

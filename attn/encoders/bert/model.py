@@ -41,12 +41,12 @@ from attn.classifier import DTYPES
 from attn.encoders.family import checked_inputs, first_layers, lookup
 
 __all__ = [
+    "MODEL_TYPES",
     "Config",
     "attention_steps",
     "blocks",
     "embed",
     "encode",
-    "first_token",
     "init",
     "init_blocks",
     "input_embeddings",
@@ -55,6 +55,10 @@ __all__ = [
     "positions",
     "steps_input",
 ]
+
+
+# config.json model_type values of this architecture.
+MODEL_TYPES = ("bert", "roberta", "xlm-roberta")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +83,9 @@ class Config:
     pooler: bool = True  # the checkpoint has BERT's pooler (tanh dense on the first token)
     initializer_range: float = 0.02  # init's stddev
     dtype: str = "float32"  # compute dtype: "float32" | "bfloat16"; params stay float32
+    # config.json's model_type: which classification head its ...ForSequenceClassification has
+    # (BERT's pooler, or RoBERTa's dense + tanh head), `attn.encoders.bert.head`.
+    model_type: str = "bert"
 
     def __post_init__(self):
         def integer(name: str, lo: int) -> None:
@@ -111,6 +118,10 @@ class Config:
         if self.dtype not in DTYPES:
             raise ValueError(
                 f"bert.Config.dtype must be one of {sorted(DTYPES)}; got {self.dtype!r}"
+            )
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(
+                f"bert.Config.model_type must be one of {MODEL_TYPES}; got {self.model_type!r}"
             )
 
     @property
@@ -390,12 +401,6 @@ def pool(params: dict, h_BxLxD: jax.Array) -> jax.Array:
     if "pooler" not in params:
         raise ValueError("these params have no pooler (the checkpoint had none); mean-pool instead")
     return jnp.tanh(layers.dense(params["pooler"], h_BxLxD[:, 0]))
-
-
-def first_token(params: dict, h_BxLxD: jax.Array) -> jax.Array:
-    """What "cls" pooling reads [B, D]: the pooler's output when the checkpoint has one, else the
-    first token's state."""
-    return pool(params, h_BxLxD) if "pooler" in params else h_BxLxD[:, 0]
 
 
 def steps_input(cfg: Config, layer: int) -> str:

@@ -1,12 +1,12 @@
 """DeBERTa-v2 and -v3 (model_type "deberta-v2"): post-LayerNorm blocks whose attention is the
 disentangled score (content, content-to-position and position-to-content terms over log-bucketed
-relative positions, `score`), its computation in `model` and its checkpoints' rules in
-`checkpoint`."""
+relative positions, `score`), its computation in `model`, its checkpoints' rules in
+`checkpoint` and its classification head in `head`."""
 
-from attn.encoders.deberta import checkpoint, model, score
+from attn.encoders.deberta import checkpoint, head, model, score
 from attn.encoders.family import Family
 
-__all__ = ["FAMILY", "checkpoint", "model", "score"]
+__all__ = ["FAMILY", "checkpoint", "head", "model", "score"]
 
 FAMILY = Family(
     name="deberta-v2",
@@ -14,6 +14,7 @@ FAMILY = Family(
     architectures=checkpoint.ARCHITECTURES,
     config=model.Config,
     from_hf=checkpoint.from_hf,
+    to_hf=checkpoint.to_hf,
     prefixes=checkpoint.PREFIXES,
     rules=checkpoint.rules,
     skip=checkpoint.skip,
@@ -21,7 +22,7 @@ FAMILY = Family(
     encode=model.encode,
     input_embeddings=model.input_embeddings,
     attention_steps=model.attention_steps,
-    pool=model.first_token,
+    head=head.HEAD,
     score="disentangled",
     steps_input=model.steps_input,
     unsupported=model.UNSUPPORTED,

@@ -24,7 +24,8 @@ are contiguous column blocks of each projection, as `transpose_for_scores` split
 Skipped and reported: the buffer embeddings.position_ids and the task heads: pooler.* and
 classifier.* (ForSequenceClassification, ForMultipleChoice: ContextPooler dense + activation on
 the first token, then a linear classifier), classifier.* (ForTokenClassification), qa_outputs.*
-(ForQuestionAnswering), cls.* / lm_predictions.* / mask_predictions.* (ForMaskedLM).
+(ForQuestionAnswering), cls.* / lm_predictions.* / mask_predictions.* (ForMaskedLM). A
+sequence classifier's pooler.* and classifier.* are its head's (`head`).
 """
 
 from collections.abc import Mapping
@@ -33,9 +34,10 @@ from typing import Any
 from attn.encoders.bert.checkpoint import layer_norm, linear
 from attn.encoders.deberta import score
 from attn.encoders.deberta.model import NORM_REL_EBD, Config
-from attn.encoders.hub import CheckpointError, Rule
+from attn.encoders.heads import ACTIVATIONS
+from attn.encoders.hub import CheckpointError, Rule, config_keys
 
-__all__ = ["ARCHITECTURES", "MODEL_TYPES", "PREFIXES", "from_hf", "rules", "skip"]
+__all__ = ["ARCHITECTURES", "MODEL_TYPES", "PREFIXES", "from_hf", "rules", "skip", "to_hf"]
 
 MODEL_TYPES = ("deberta-v2",)
 ARCHITECTURES = (
@@ -167,6 +169,9 @@ def from_hf(hf: Mapping[str, Any], names: frozenset[str], where: str) -> Config:
     faults += wrong
     norm, wrong = _norm_rel_ebd(hf.get("norm_rel_ebd", "none"))
     faults += wrong
+    act = hf.get("pooler_hidden_act", "gelu")
+    if act not in ACTIVATIONS:
+        faults.append(f"pooler_hidden_act {act!r} (one of {', '.join(ACTIVATIONS)})")
     missing = [key for key, default in _CONFIG_KEYS.values() if default is None and key not in hf]
     if missing:
         faults.append(f"no {', '.join(missing)}")
@@ -176,6 +181,17 @@ def from_hf(hf: Mapping[str, Any], names: frozenset[str], where: str) -> Config:
     if kw["pad_id"] is None:
         kw["pad_id"] = 0
     try:
-        return Config(**kw, pos_att_type=terms, norm_rel_ebd=norm)
+        return Config(**kw, pos_att_type=terms, norm_rel_ebd=norm, pooler_act=act)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{where}: config.json is not supported: {e}") from None
+
+
+def to_hf(cfg: Config) -> dict:
+    """config.json's keys of `cfg` (from_hf's inverse)."""
+    return {
+        **config_keys(cfg, _CONFIG_KEYS),
+        "relative_attention": True,
+        "pos_att_type": list(cfg.pos_att_type),
+        "norm_rel_ebd": cfg.norm_rel_ebd,
+        "pooler_hidden_act": cfg.pooler_act,
+    }

@@ -41,6 +41,7 @@ from attn.attention import Attention, attention
 from attn.classifier import DTYPES
 from attn.encoders.deberta import score as disentangled
 from attn.encoders.family import checked_inputs, first_layers, lookup
+from attn.encoders.heads import ACTIVATIONS
 
 __all__ = [
     "NORM_REL_EBD",
@@ -49,7 +50,6 @@ __all__ = [
     "attention_steps",
     "embed",
     "encode",
-    "first_token",
     "init",
     "input_embeddings",
     "score",
@@ -88,6 +88,7 @@ class Config:
     norm_rel_ebd: str = "layer_norm"  # LayerNorm on the relative embeddings, or "none"
     initializer_range: float = 0.02  # init's stddev
     dtype: str = "float32"  # compute dtype: "float32" | "bfloat16"; params stay float32
+    pooler_act: str = "gelu"  # pooler_hidden_act: the classification head's activation
 
     def __post_init__(self):
         def integer(name: str, lo: int | None) -> None:
@@ -134,6 +135,11 @@ class Config:
                 raise ValueError(
                     f"deberta.Config.{name} must be a bool; got {getattr(self, name)!r}"
                 )
+        if self.pooler_act not in ACTIVATIONS:
+            raise ValueError(
+                f"deberta.Config.pooler_act must be one of {tuple(ACTIVATIONS)}; got "
+                f"{self.pooler_act!r}"
+            )
         if self.norm_rel_ebd not in NORM_REL_EBD:
             raise ValueError(
                 f"deberta.Config.norm_rel_ebd must be one of {NORM_REL_EBD}; got "
@@ -458,13 +464,6 @@ def attention_steps(
         num_heads=cfg.num_heads,
         score=score(cfg),
     )
-
-
-def first_token(params: dict, h_BxLxD: jax.Array) -> jax.Array:
-    """What "cls" pooling reads [B, D]: the first token's state (the base model has no pooler;
-    the classification checkpoints' ContextPooler is part of their head)."""
-    del params
-    return h_BxLxD[:, 0]
 
 
 def steps_input(cfg: Config, layer: int) -> str:

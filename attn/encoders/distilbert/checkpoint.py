@@ -17,7 +17,7 @@ Linear weights are stored [out, in] and heads are contiguous column blocks, as i
 (`attn.encoders.bert.checkpoint`). Skipped and reported: the buffer embeddings.position_ids, and
 the task heads vocab_transform.*, vocab_layer_norm.*, vocab_projector.* (DistilBertForMaskedLM),
 pre_classifier.* and classifier.* (DistilBertForSequenceClassification; classifier.* also
-DistilBertForTokenClassification's).
+DistilBertForTokenClassification's; a sequence classifier's are its head's, `head`).
 """
 
 from collections.abc import Mapping
@@ -25,9 +25,9 @@ from typing import Any
 
 from attn.encoders.bert.checkpoint import layer_norm, linear
 from attn.encoders.distilbert.model import Config
-from attn.encoders.hub import CheckpointError, Rule
+from attn.encoders.hub import CheckpointError, Rule, config_keys
 
-__all__ = ["ARCHITECTURES", "MODEL_TYPES", "PREFIXES", "from_hf", "rules", "skip"]
+__all__ = ["ARCHITECTURES", "MODEL_TYPES", "PREFIXES", "from_hf", "rules", "skip", "to_hf"]
 
 MODEL_TYPES = ("distilbert",)
 # The architectures whose checkpoints hold this encoder (their heads skipped).
@@ -117,3 +117,8 @@ def from_hf(hf: Mapping[str, Any], names: frozenset[str], where: str) -> Config:
         return Config(**kw)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{where}: config.json is not supported: {e}") from None
+
+
+def to_hf(cfg: Config) -> dict:
+    """config.json's keys of `cfg` (from_hf's inverse)."""
+    return {**config_keys(cfg, _CONFIG_KEYS), "pad_token_id": cfg.pad_id}

@@ -1,9 +1,8 @@
 """ELECTRA: BERT's embeddings at their own width (projected to the model width when it differs)
-and BERT's post-LayerNorm blocks under BERT's names; its computation in `model` and its
-checkpoints' rules in `checkpoint`."""
+and BERT's post-LayerNorm blocks under BERT's names; its computation in `model`, its
+checkpoints' rules in `checkpoint` and its classification head in `head`."""
 
-from attn.encoders.bert import model as bert_model
-from attn.encoders.electra import checkpoint, model
+from attn.encoders.electra import checkpoint, head, model
 from attn.encoders.family import Family
 
 FAMILY = Family(
@@ -12,6 +11,7 @@ FAMILY = Family(
     architectures=checkpoint.ARCHITECTURES,
     config=model.Config,
     from_hf=checkpoint.from_hf,
+    to_hf=checkpoint.to_hf,
     prefixes=checkpoint.PREFIXES,
     rules=checkpoint.rules,
     skip=checkpoint.skip,
@@ -19,7 +19,7 @@ FAMILY = Family(
     encode=model.encode,
     input_embeddings=model.input_embeddings,
     attention_steps=model.attention_steps,
-    pool=bert_model.first_token,  # no pooler: the first token's state
+    head=head.HEAD,
     score="scaled_dot",
     steps_input=model.steps_input,
 )

@@ -13,7 +13,8 @@ stored tensor (names after the "electra." prefix of task models; X = embedding_s
 Skipped and reported: the buffers embeddings.position_ids and embeddings.token_type_ids, and the
 task heads discriminator_predictions.* (ElectraForPreTraining: the discriminator checkpoints),
 generator_predictions.* and generator_lm_head.* (ElectraForMaskedLM: the generators), and
-classifier.* (ElectraForSequenceClassification, ...ForTokenClassification).
+classifier.* (ElectraForSequenceClassification, whose head `head` reads for a classifier;
+...ForTokenClassification).
 """
 
 from collections.abc import Mapping
@@ -21,9 +22,9 @@ from typing import Any
 
 from attn.encoders.bert.checkpoint import block_rules, linear
 from attn.encoders.electra.model import Config
-from attn.encoders.hub import CheckpointError, Rule
+from attn.encoders.hub import CheckpointError, Rule, config_keys
 
-__all__ = ["ARCHITECTURES", "MODEL_TYPES", "PREFIXES", "from_hf", "rules", "skip"]
+__all__ = ["ARCHITECTURES", "MODEL_TYPES", "PREFIXES", "from_hf", "rules", "skip", "to_hf"]
 
 MODEL_TYPES = ("electra",)
 # The architectures whose checkpoints hold this encoder (their heads skipped).
@@ -107,3 +108,8 @@ def from_hf(hf: Mapping[str, Any], names: frozenset[str], where: str) -> Config:
         return Config(**kw)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{where}: config.json is not supported: {e}") from None
+
+
+def to_hf(cfg: Config) -> dict:
+    """config.json's keys of `cfg` (from_hf's inverse)."""
+    return {**config_keys(cfg, _CONFIG_KEYS), "pad_token_id": cfg.pad_id}

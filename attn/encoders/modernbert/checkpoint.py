@@ -18,16 +18,17 @@ Linear weights are stored [out, in] (PyTorch) and applied here as x @ w with w [
 each of q, k and v, head h is the block of columns h*D/H:(h+1)*D/H, as Hugging Face's
 ``view(B, L, 3, H, D/H)`` splits Wqkv's output. Skipped and reported: the task heads head.*
 (dense and LayerNorm under the classifier and the masked-LM decoder), decoder.* and
-classifier.*.
+classifier.*; a sequence classifier's head.* and classifier.* are its head's (`head`).
 """
 
 from collections.abc import Mapping
 from typing import Any
 
-from attn.encoders.hub import CheckpointError, Rule
+from attn.encoders.heads import ACTIVATIONS
+from attn.encoders.hub import CheckpointError, Rule, config_keys
 from attn.encoders.modernbert.model import Config
 
-__all__ = ["ARCHITECTURES", "MODEL_TYPES", "PREFIXES", "from_hf", "rules", "skip"]
+__all__ = ["ARCHITECTURES", "MODEL_TYPES", "PREFIXES", "from_hf", "rules", "skip", "to_hf"]
 
 MODEL_TYPES = ("modernbert",)
 ARCHITECTURES = (
@@ -120,12 +121,28 @@ def from_hf(hf: Mapping[str, Any], names: frozenset[str], where: str) -> Config:
     missing = [key for key, default in _CONFIG_KEYS.values() if default is None and key not in hf]
     if missing:
         faults.append(f"no {', '.join(missing)}")
+    act = hf.get("classifier_activation", "gelu")
+    if act not in ACTIVATIONS:
+        faults.append(f"classifier_activation {act!r} (one of {', '.join(ACTIVATIONS)})")
     if faults:
         raise CheckpointError(f"{where}: config.json is not supported: {'; '.join(faults)}")
     kw = {field: hf.get(key, default) for field, (key, default) in _CONFIG_KEYS.items()}
+    kw["classifier_bias"] = hf.get("classifier_bias", False)
+    kw["classifier_act"] = act
     local_theta = hf.get("local_rope_theta", 10000.0)
     kw["local_theta"] = kw["global_theta"] if local_theta is None else local_theta
     try:
         return Config(**kw)
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{where}: config.json is not supported: {e}") from None
+
+
+def to_hf(cfg: Config) -> dict:
+    """config.json's keys of `cfg` (from_hf's inverse), the fixed options included."""
+    return {
+        **config_keys(cfg, _CONFIG_KEYS),
+        **_FIXED,
+        "local_rope_theta": cfg.local_theta,
+        "classifier_bias": cfg.classifier_bias,
+        "classifier_activation": cfg.classifier_act,
+    }

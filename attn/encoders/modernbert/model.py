@@ -43,13 +43,13 @@ from attn import layers, masks, multihead, positions
 from attn.attention import attention
 from attn.classifier import DTYPES
 from attn.encoders.family import checked_inputs, lookup
+from attn.encoders.heads import ACTIVATIONS
 
 __all__ = [
     "Config",
     "attention_steps",
     "embed",
     "encode",
-    "first_token",
     "init",
     "input_embeddings",
     "is_global",
@@ -81,6 +81,10 @@ class Config:
     pad_id: int = 50283  # pad_token_id
     initializer_range: float = 0.02  # init's stddev
     dtype: str = "float32"  # compute dtype: "float32" | "bfloat16"; params stay float32
+    # The classification head's (`attn.encoders.modernbert.head`): its dense layer's bias and
+    # its activation, config.json's classifier_bias and classifier_activation.
+    classifier_bias: bool = False
+    classifier_act: str = "gelu"
 
     def __post_init__(self):
         def integer(name: str, lo: int) -> None:
@@ -119,6 +123,15 @@ class Config:
         if self.dtype not in DTYPES:
             raise ValueError(
                 f"modernbert.Config.dtype must be one of {sorted(DTYPES)}; got {self.dtype!r}"
+            )
+        if not isinstance(self.classifier_bias, bool):
+            raise ValueError(
+                f"modernbert.Config.classifier_bias must be a bool; got {self.classifier_bias!r}"
+            )
+        if self.classifier_act not in ACTIVATIONS:
+            raise ValueError(
+                f"modernbert.Config.classifier_act must be one of {tuple(ACTIVATIONS)}; got "
+                f"{self.classifier_act!r}"
             )
 
     @property
@@ -399,13 +412,6 @@ def attention_steps(
         num_heads=cfg.num_heads,
         qk_transform=functools.partial(positions.rotary, theta=_theta(cfg, layer)),
     )
-
-
-def first_token(params: dict, h_BxLxD: jax.Array) -> jax.Array:
-    """What "cls" pooling reads [B, D]: the first token's last hidden state (ModernBERT has no
-    pooler; its task heads' dense + GELU + LayerNorm are no part of the encoder)."""
-    del params
-    return h_BxLxD[:, 0]
 
 
 def steps_input(cfg: Config, layer: int) -> str:
