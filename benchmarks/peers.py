@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attn import bert, bert_classifier
+from attn import bert, encoder_classifier
 from benchmarks import config_file, timing
 from experiments.data import chosen
 from experiments.errors import UserError
@@ -126,10 +126,10 @@ def make_batch(vocab_size: int, batch: int, length: int, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     tokens = rng.integers(1, vocab_size, (batch, length), dtype=np.int32)
     real = rng.integers(length // 2, length + 1, batch)
-    tokens[np.arange(length)[None, :] >= real[:, None]] = bert_classifier.PAD
+    tokens[np.arange(length)[None, :] >= real[:, None]] = encoder_classifier.PAD
     return {
         "tokens": tokens,
-        "mask": tokens != bert_classifier.PAD,
+        "mask": tokens != encoder_classifier.PAD,
         "label": np.arange(batch, dtype=np.int32) % NUM_CLASSES,
         "weight": np.ones(batch, np.float32),
     }
@@ -198,7 +198,7 @@ def attn_side(bert_dir: str, max_len: int) -> tuple[Side, Setup]:
         return lambda: classify.eval_step(params, b, cfg=cfg)[1]
 
     encode = jax.jit(bert.encode, static_argnums=1)
-    logits = jax.jit(lambda p, ids: bert_classifier.apply(p, ids, cfg)[0])
+    logits = jax.jit(lambda p, ids: encoder_classifier.apply(p, ids, cfg)[0])
 
     def forward(ids, mask):
         return np.asarray(encode(params["encoder"], cfg.encoder, ids, mask)), np.asarray(
@@ -271,7 +271,7 @@ def _torch_inputs(batch: dict):
     import torch
 
     ids = torch.from_numpy(batch["tokens"].astype(np.int64))
-    return ids, (ids != bert_classifier.PAD).long()
+    return ids, (ids != encoder_classifier.PAD).long()
 
 
 TORCH_COLD = """
@@ -388,7 +388,7 @@ def _onnxruntime(setup: Setup) -> Side:
 
     def feeds(ids):
         ids = np.asarray(ids).astype(np.int64)
-        return {"ids": ids, "mask": (ids != bert_classifier.PAD).astype(np.int64)}
+        return {"ids": ids, "mask": (ids != encoder_classifier.PAD).astype(np.int64)}
 
     def serve(batch: dict) -> Callable[[], Any]:
         f = feeds(batch["tokens"])
@@ -445,7 +445,7 @@ def _flax(setup: Setup) -> Side:
     }
 
     def apply(p, ids, train: bool, rng):
-        mask = ids != bert_classifier.PAD
+        mask = ids != encoder_classifier.PAD
         r_bert, r_pool = jax.random.split(rng) if train else (None, None)
         h = model(ids, mask, params=p["bert"], dropout_rng=r_bert, train=train)[0]
         m = mask[..., None].astype(h.dtype)
