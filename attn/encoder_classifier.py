@@ -95,6 +95,13 @@ class Config:
                 f"Config.implementation must be one of {IMPLEMENTATIONS}; got "
                 f"{self.implementation!r}"
             )
+        fam = encoders.family(self.encoder)
+        why = fam.unsupported.get(self.implementation)
+        if why:
+            raise ValueError(
+                f"Config.implementation {self.implementation!r} cannot run the {fam.name} "
+                f"encoder: {why}"
+            )
         if self.implementation != "matrix" and self.encoder.attention_dropout > 0.0:
             raise ValueError(
                 f"attention dropout needs implementation 'matrix'; with {self.implementation!r} "

@@ -225,11 +225,14 @@ class Steps(NamedTuple):
     q_HxLxK: jax.Array  # Q = X Wq, per head (position-transformed, with a qk_transform)
     k_HxLxK: jax.Array  # K = X Wk (likewise): the Q and K the scores are computed from
     v_HxLxK: jax.Array  # V = X Wv
-    raw_HxLxL: jax.Array  # Q Kᵀ for (scaled_)dot; the score function's matrix for the others
-    scaled_HxLxL: jax.Array  # what the softmax sees: raw / sqrt(Dh) for scaled_dot, else raw
+    raw_HxLxL: jax.Array  # Q Kᵀ for (scaled_)dot, the unscaled form of a score that has one
+    # (`attn.scores.Score.unscaled`), the score function's matrix for the others
+    scaled_HxLxL: jax.Array  # what the softmax sees: raw / sqrt(Dh) for scaled_dot, raw / the
+    # score's divisor where it has one, else raw
     weights_HxLxL: jax.Array  # softmax over allowed keys; masked keys exactly 0
     out_HxLxK: jax.Array  # weights V: one output row per query, per head
     y_LxD: jax.Array  # heads concatenated through the output projection: what `apply` returns
+    score: scores.Score  # the score computed (static: no array), for titling figures
 
 
 def steps(
@@ -244,15 +247,19 @@ def steps(
     """Every intermediate value of `apply` with the matrix form of `score`, for drawing.
 
     Q, K, V, the weights, the outputs and y are computed by the same functions `apply` and
-    `attn.attention` use, so they equal theirs; raw scores are the only extra computation. With
-    a qk_transform, Q and K are the transformed ones the scores are computed from.
+    `attn.attention` use, so they equal theirs; raw scores are the only extra computation (the
+    score's unscaled form where it has one, `attn.scores.Score.unscaled`). With a qk_transform,
+    Q and K are the transformed ones the scores are computed from.
     """
     sc = scores.get_score(score)
     q_HxLxK, k_HxLxK, v_HxLxK, score_params = _project(params, x_LxD, None, num_heads, qk_transform)
     length = x_LxD.shape[0]
     pos_L = jnp.arange(length, dtype=jnp.int32)
     # scaled_dot is the dot product divided by sqrt(Dh): its raw form is `dot`.
-    raw = scores.get_score("dot") if sc.fn is scores.scaled_dot else sc
+    if sc.unscaled is not None:
+        raw = sc.unscaled
+    else:
+        raw = scores.get_score("dot") if sc.fn is scores.scaled_dot else sc
 
     def one_head(q_LxK, k_LxK, v_LxK, sp):
         raw_LxL = scores.evaluate(raw, sp, q_LxK, k_LxK, pos_L, pos_L)
@@ -266,5 +273,5 @@ def steps(
     )
     y_LxD = _merge(params, out_HxLxK, x_LxD.dtype)
     return Steps(
-        x_LxD, q_HxLxK, k_HxLxK, v_HxLxK, raw_HxLxL, scaled_HxLxL, w_HxLxL, out_HxLxK, y_LxD
+        x_LxD, q_HxLxK, k_HxLxK, v_HxLxK, raw_HxLxL, scaled_HxLxL, w_HxLxL, out_HxLxK, y_LxD, sc
     )

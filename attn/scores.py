@@ -59,6 +59,10 @@ class Score(NamedTuple):
     has_params: True when ``init`` builds params the score needs, False when it takes none (it
     then refuses params), None for a bare callable (whatever params the caller passes go to it).
     positional: ``fn`` takes ``q_pos=`` and ``k_pos=``.
+    unscaled, divisor: for a score that is another one divided by a constant, that other score
+    (same params and positions; `attn.multihead.steps` draws it as the raw scores) and the
+    constant as a figure writes it, e.g. "√(64·3)". scaled_dot, whose divisor √d depends on the
+    queries it is given, leaves them unset: its raw form is `dot`.
     """
 
     name: str
@@ -66,6 +70,8 @@ class Score(NamedTuple):
     init: InitFn
     has_params: bool | None
     positional: bool = False
+    unscaled: Score | None = None
+    divisor: str = ""
 
 
 jax.tree_util.register_static(Score)

@@ -204,12 +204,12 @@ def _draw(
             f"score {score}{' | ' + where if where else ''}"
         )
         if n == 1:
-            first = (view, heading)
+            first = (view, heading, st.score)
         if steps:
             names.append(f"text{n}_steps_layer{layer}_head{head}.png")
             step_plots.plot_steps(
                 view,
-                score=score,
+                score=st.score,  # the Score itself: it may say its unscaled form and divisor
                 query=query,
                 title=heading,
                 x_title=x_title,
@@ -227,7 +227,7 @@ def _draw(
         shade_meaning=meaning,
         steps=first[0],
         steps_heading=f"Self-attention step by step: {first[1]}",
-        score=score,
+        score=first[2],
         query=query,
         x_title=x_title,
         qk_titles=qk_titles,

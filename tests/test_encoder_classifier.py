@@ -2,6 +2,7 @@
 attention weights, the step-by-step attention and the input embeddings the pictures and
 `attn.importance` read, and the optional bag of hashed n-grams beside the encoder."""
 
+import dataclasses
 import pathlib
 
 import chex
@@ -10,7 +11,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from attn import bag, bert, classifier, encoder_classifier, importance, layers, models, pooling
+from attn import (
+    bag,
+    bert,
+    classifier,
+    encoder_classifier,
+    encoders,
+    importance,
+    layers,
+    models,
+    pooling,
+)
 
 DATA = pathlib.Path(__file__).parent / "data" / "bert"
 
@@ -190,6 +201,24 @@ def test_config_refuses_what_the_encoder_cannot_do(tiny):
             encoder_classifier.Config(encoder=enc, max_len=16, **bad)
     listed = encoder_classifier.Config(encoder=enc, max_len=16, bag_buckets=64, bag_orders=[1, 3])
     assert listed.bag_orders == (1, 3)  # a list from JSON is normalised, so the config hashes
+
+
+def test_config_refuses_an_implementation_the_family_cannot_run(tiny, monkeypatch):
+    """A family that says it cannot run an implementation (Family.unsupported) gets a one-line
+    refusal naming it and why, before anything is traced."""
+    _, enc = tiny
+    fam = encoders.family(enc)
+    refusing = dataclasses.replace(fam, unsupported={"xla": "its score has extra terms"})
+    monkeypatch.setitem(encoders._BY_CONFIG, type(enc), refusing)
+    with pytest.raises(ValueError) as e:
+        encoder_classifier.Config(encoder=enc, max_len=16, implementation="xla")
+    message = str(e.value)
+    assert message == (
+        "Config.implementation 'xla' cannot run the bert encoder: its score has extra terms"
+    )
+    no_att = dataclasses.replace(enc, attention_dropout=0.0)
+    assert encoder_classifier.Config(encoder=no_att, max_len=16, implementation="chunked")
+    assert fam.unsupported == {}  # BERT's attention runs in every implementation
 
 
 def _with_bag(tiny, **bag_fields):

@@ -10,7 +10,7 @@ import pytest
 from conftest import enable_x64
 from jax.test_util import check_grads
 
-from attn import masks, multihead, positions, reference
+from attn import masks, multihead, positions, reference, scores
 from attn.attention import attention
 
 D, H, L = 12, 3, 7
@@ -189,6 +189,27 @@ def test_steps_recombine_to_their_weights_and_equal_apply(score):
     y_ref, w_ref = _per_head_reference(params, x_LxD, np.asarray(mask_L), score)
     np.testing.assert_allclose(st.y_LxD, y_ref, atol=1e-5)
     np.testing.assert_allclose(st.weights_HxLxL, w_ref, atol=1e-5)
+
+
+def _halved_dot(params, q_LxD, k_MxD):
+    return scores.dot(params, q_LxD, k_MxD) / 2.0
+
+
+def test_steps_draw_a_scores_unscaled_form_as_the_raw_scores():
+    """A score that says it is another divided by a constant: raw is that other score's matrix,
+    scaled (what the softmax sees) the score's own, and the steps carry the score."""
+    dot = scores.get_score("dot")
+    halved = scores.Score("halved", _halved_dot, dot.init, False, unscaled=dot, divisor="2")
+    params = multihead.init(jax.random.key(10), D, H, score=halved)
+    x_LxD, mask_L = _x_and_mask(11)
+    st = multihead.steps(params, x_LxD, mask_L, num_heads=H, score=halved)
+    q, k = (np.asarray(t, np.float64) for t in (st.q_HxLxK, st.k_HxLxK))
+    np.testing.assert_allclose(st.raw_HxLxL, q @ k.swapaxes(1, 2), atol=1e-5)
+    np.testing.assert_allclose(st.scaled_HxLxL, q @ k.swapaxes(1, 2) / 2, atol=1e-5)
+    assert st.score is halved
+    attend = functools.partial(attention, score=halved)
+    _, w = multihead.apply(params, x_LxD, mask_L, num_heads=H, attend=attend)
+    np.testing.assert_allclose(st.weights_HxLxL, w, atol=1e-6)
 
 
 def test_a_batched_x_and_params_for_another_d_raise_naming_the_fault():

@@ -110,7 +110,7 @@ def test_drawn_steps_recombine_and_are_the_model_attention(drawn, trained):
     assert len(drawn["figures"]) == len(TEXTS)
     for text, (h, kwargs) in zip(TEXTS, drawn["figures"], strict=True):
         ids_L = _view_ids(loaded, text)
-        assert kwargs["query"] == QUERY and kwargs["score"] == "scaled_dot"
+        assert kwargs["query"] == QUERY and kwargs["score"] == scores.get_score("scaled_dot")
         assert kwargs["qk_titles"] == models.PROJECTED_QK == ("Q = X Wq", "K = X Wk")
         assert h.tokens == loaded.tokenizer.tokens(ids_L.tolist())
         np.testing.assert_array_equal(h.allowed_L, ids_L != classifier.PAD)
@@ -296,6 +296,35 @@ def test_steps_figure_names_the_score_shapes_and_masked_keys(score, tmp_path, mo
         assert shape in texts
     assert texts.count("masked") == 4  # two masked keys in each of the two bar charts
     assert "masked key (padding): weight exactly 0" in texts
+
+
+def test_a_score_with_an_unscaled_form_is_titled_by_it_and_its_divisor(tmp_path, monkeypatch):
+    """A score that says it is another divided by a constant: the raw panel names that other
+    score's formula, the scaled one the divisor, and neither says it is unscaled."""
+    dot = scores.get_score("dot")
+    halved = scores.Score(
+        "halved", lambda p, q, k: scores.dot(p, q, k) / 2, dot.init, False, unscaled=dot,
+        divisor="√4",
+    )  # fmt: skip
+    params = multihead.init(jax.random.key(0), 8, 2, score=halved)
+    x_LxD = jax.random.normal(jax.random.key(1), (5, 8))
+    st = multihead.steps(params, x_LxD, None, num_heads=2, score=halved)
+    h = step_plots.head_view(st, 0, list("abcde"), np.ones(5, bool))
+    texts = []
+    real_savefig = Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        texts.extend(t.get_text() for t in fig.findobj(Text))
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    path = str(tmp_path / "s.png")
+    step_plots.plot_steps(h, score=st.score, query=0, title="t", x_title="X", path=path)
+    raw_title, scaled_title = step_plots.score_titles(halved, 4)
+    assert raw_title == "scores S = Q Kᵀ  [halved]"
+    assert scaled_title == "scaled S / √4  (softmax input)"
+    assert raw_title in texts and scaled_title in texts
+    assert not any("not scaled" in t for t in texts)
 
 
 def test_a_wide_encoders_x_panel_does_not_stretch_the_steps_figure(tmp_path, monkeypatch):

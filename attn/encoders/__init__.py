@@ -45,6 +45,7 @@ _PACKAGES = (
     "distilbert",
     "electra",
     "modernbert",
+    "deberta",
 )
 FAMILIES: dict[str, Family] = {
     f.name: f for f in (importlib.import_module(f"attn.encoders.{p}").FAMILY for p in _PACKAGES)

@@ -59,6 +59,8 @@ class Family:
     steps_input(config, layer) -> what X is in the step-by-step figure of `layer`.
     steps_qk(config, layer) -> the titles of Q and K in that figure: what `attention_steps`
       returns as Q and K (X's projections, or those transformed by position, e.g. rotary).
+    unsupported: `attn.attention` implementations its attention cannot run in -> why, in words
+      (none by default); `attn.encoder_classifier.Config` refuses them in one line.
     """
 
     name: str
@@ -77,6 +79,7 @@ class Family:
     score: str
     steps_input: Callable[[Any, int], str]
     steps_qk: Callable[[Any, int], tuple[str, str]] = projected_qk
+    unsupported: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
 
 
 def first_layers(params: dict, cfg: Any, n: int) -> tuple[dict, Any]:

@@ -1,6 +1,8 @@
 """A pretrained checkpoint's own tokenizer (data.tokenizer="pretrained"), read with Hugging Face's
-`tokenizers` library: the directory's tokenizer.json, or its WordPiece vocab.txt when it has none
-(lowercased unless its tokenizer_config.json says do_lower_case false).
+`tokenizers` library: the directory's tokenizer.json; else its WordPiece vocab.txt (lowercased
+unless its tokenizer_config.json says do_lower_case false); else its SentencePiece spm.model, the
+only tokenizer file DeBERTa-v3 checkpoints ship (`sentencepiece_model`: built as transformers
+builds it, its special tokens those special_tokens_map.json names).
 
 `encode` gives a text's ids without special tokens; `frame` is what `encoding.cut` puts around
 them, [CLS] ... [SEP], so a cut text keeps both. Ids are attn's: the checkpoint's own with its
@@ -21,11 +23,13 @@ from typing import Any
 
 import numpy as np
 
+from experiments.data import sentencepiece_model
 from experiments.errors import UserError
 
 KIND = "pretrained"
 SUBDIR = "checkpoint_tokenizer"  # in a workdir: the copied files
-_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+# Copied beside the tokenizer file where present: what reading it consults.
+_EXTRA = ("tokenizer_config.json", "special_tokens_map.json")
 # (cls, sep, pad, unk) token names of the families attn.encoders loads, when the files name none.
 _NAMES = (("[CLS]", "[SEP]", "[PAD]", "[UNK]"), ("<s>", "</s>", "<pad>", "<unk>"))
 BATCH_PAD = 0  # the id attn's batches pad with
@@ -127,7 +131,7 @@ def for_config(config: Any) -> CheckpointTokenizer:
     if not Path(directory).is_dir():
         raise UserError(
             f"model.pretrained={directory!r} is not a directory: pass a Hugging Face model "
-            "directory (config.json, model.safetensors, tokenizer.json or vocab.txt)"
+            "directory (config.json, model.safetensors, tokenizer.json, vocab.txt or spm.model)"
         )
     if not (Path(directory) / "config.json").is_file():
         raise UserError(
@@ -155,7 +159,7 @@ def _read(directory: Path):
         raise UserError(
             "a checkpoint's tokenizer needs Hugging Face's tokenizers: pip install tokenizers"
         ) from None
-    extra = [n for n in _FILES[2:] if (directory / n).is_file()]
+    extra = [n for n in _EXTRA if (directory / n).is_file()]
     if (directory / "tokenizer.json").is_file():
         try:
             tok = hf.Tokenizer.from_file(str(directory / "tokenizer.json"))
@@ -168,10 +172,19 @@ def _read(directory: Path):
             str(directory / "vocab.txt"), lowercase=bool(lower)
         )
         files = ["vocab.txt", *extra]
+    elif (directory / "spm.model").is_file():
+        config = _config(directory)
+        tok = sentencepiece_model.tokenizer(
+            directory / "spm.model",
+            _named_specials(directory),
+            lowercase=bool(config.get("do_lower_case", False)),
+            split_by_punct=bool(config.get("split_by_punct", False)),
+        )
+        files = ["spm.model", *extra]
     else:
         raise UserError(
-            f"{str(directory)!r} has no tokenizer.json or vocab.txt: the checkpoint's tokenizer "
-            "is needed to fine-tune it"
+            f"{str(directory)!r} has no tokenizer.json, vocab.txt or spm.model: the checkpoint's "
+            "tokenizer is needed to fine-tune it"
         )
     tok.no_padding()
     tok.no_truncation()
@@ -189,20 +202,47 @@ def _config(directory: Path) -> dict:
     return obj if isinstance(obj, dict) else {}
 
 
-def _special_names(directory: Path) -> dict[str, tuple[str, ...]]:
-    """role -> token names to look up: the one the files name first, then the families'."""
+def _named(directory: Path) -> dict:
+    """tokenizer_config.json updated by special_tokens_map.json (each {} when absent)."""
     named = _config(directory)
     path = directory / "special_tokens_map.json"
     if path.is_file():
         try:
-            named = {**named, **json.loads(path.read_text(encoding="utf-8"))}
+            found = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             raise UserError(f"cannot read {path}: {e}") from None
+        named = {**named, **found} if isinstance(found, dict) else named
+    return named
+
+
+def _token_name(given: Any) -> str | None:
+    if isinstance(given, dict):  # {"content": "[CLS]", ...}
+        given = given.get("content")
+    return given if isinstance(given, str) else None
+
+
+# The special tokens transformers registers, in the order it adds those a vocabulary lacks, and
+# DeBERTa-v2's names for them (its tokenizer's defaults) when the files name none.
+_ROLES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
+_DEBERTA = ("[CLS]", "[SEP]", "[UNK]", "[SEP]", "[PAD]", "[CLS]", "[MASK]")
+
+
+def _named_specials(directory: Path) -> list[str]:
+    """The special tokens a SentencePiece checkpoint's files name (DeBERTa's when they name
+    none), in the order transformers adds them, additional_special_tokens last."""
+    named = _named(directory)
+    out = [_token_name(named.get(f"{r}_token")) or d for r, d in zip(_ROLES, _DEBERTA, strict=True)]
+    extra = named.get("additional_special_tokens")
+    out += [n for n in map(_token_name, extra if isinstance(extra, list) else []) if n]
+    return out
+
+
+def _special_names(directory: Path) -> dict[str, tuple[str, ...]]:
+    """role -> token names to look up: the one the files name first, then the families'."""
+    named = _named(directory)
     out = {}
     for n, role in enumerate(("cls", "sep", "pad", "unk")):
-        given = named.get(f"{role}_token")
-        if isinstance(given, dict):  # {"content": "[CLS]", ...}
-            given = given.get("content")
+        given = _token_name(named.get(f"{role}_token"))
         out[role] = tuple(dict.fromkeys([given] if isinstance(given, str) else []).keys()) + tuple(
             names[n] for names in _NAMES if names[n] != given
         )

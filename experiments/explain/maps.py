@@ -52,7 +52,8 @@ def attention_steps(
     params: Any, cfg: models.AnyConfig, ids_L: np.ndarray, layer: int
 ) -> multihead.Steps:
     """The model's `attention_steps` of one sequence of ids [L] (PAD ids are masked keys), as
-    float32 numpy arrays."""
+    float32 numpy arrays (and the score they were computed with)."""
     model = models.module(cfg)
     st = model.attention_steps(params, jnp.asarray(ids_L, jnp.int32), cfg, layer=layer)
-    return multihead.Steps(*(np.asarray(a, np.float32) for a in st))
+    arrays = {k: np.asarray(a, np.float32) for k, a in st._asdict().items() if k != "score"}
+    return st._replace(**arrays)

@@ -9,7 +9,7 @@ import io
 
 import numpy as np
 
-from attn import models
+from attn import models, scores
 from experiments.data import chosen
 from experiments.explain import plots, step_plots
 
@@ -82,7 +82,7 @@ def _steps(
     h: step_plots.Head,
     *,
     heading: str,
-    score: str,
+    score: str | scores.Score,
     query: int,
     x_title: str,
     qk_titles: tuple[str, str],
@@ -172,13 +172,14 @@ def write(
     shade_meaning: str,
     steps: step_plots.Head,
     steps_heading: str,
-    score: str,
+    score: str | scores.Score,
     query: int,
     x_title: str,
     qk_titles: tuple[str, str] = models.PROJECTED_QK,
 ) -> str:
     """rows are (caption, tokens, received_L, `ranking.explain`'s dict) per text; `steps` is the
-    first text's head, its X, Q and K titled `x_title` and `qk_titles`."""
+    first text's head, its X, Q and K titled `x_title` and `qk_titles`, `score` its score
+    (`step_plots.score_titles`)."""
     parts = [
         "<!doctype html><meta charset='utf-8'><title>attention</title>",
         f"<style>{_STYLE}</style>",

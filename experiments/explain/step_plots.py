@@ -10,7 +10,7 @@ from matplotlib import patches
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # not pyplot: see experiments/explain/plots.py
 
-from attn import models, multihead
+from attn import models, multihead, scores
 from experiments.explain import plots
 
 # What each built-in score computes for one (query, key) pair, in matrix notation.
@@ -59,12 +59,18 @@ def head_view(st: multihead.Steps, head: int, tokens: list[str], allowed_L: np.n
     )
 
 
-def score_titles(score: str, d_head: int) -> tuple[str, str]:
-    """Titles of the raw and the scaled score panels: the score function, and the scaling."""
-    raw = f"scores S = {SCORE_FORMULAS.get(score, score)}  [{score}]"
-    if score == "scaled_dot":
-        return raw, f"scaled S / √{d_head}  (softmax input)"
-    return raw, f"{score} is not scaled: S  (softmax input)"
+def score_titles(score: str | scores.Score, d_head: int) -> tuple[str, str]:
+    """Titles of the raw and the scaled score panels: the score function (its unscaled form
+    where it has one, `attn.scores.Score.unscaled`), and the scaling."""
+    sc = scores.get_score(score)
+    raw = sc.unscaled if sc.unscaled is not None else sc
+    formula = SCORE_FORMULAS.get(raw.name, raw.name)
+    title = f"scores S = {formula}  [{sc.name}]"
+    if sc.unscaled is not None:
+        return title, f"scaled S / {sc.divisor}  (softmax input)"
+    if sc.name == "scaled_dot":
+        return title, f"scaled S / √{d_head}  (softmax input)"
+    return title, f"{sc.name} is not scaled: S  (softmax input)"
 
 
 def _matrix(
@@ -152,15 +158,17 @@ def _bars(ax: Axes, values_L: np.ndarray, h: Head, title: str, *, weights: bool)
 def plot_steps(
     h: Head,
     *,
-    score: str,
+    score: str | scores.Score,
     query: int,
     title: str,
     x_title: str,
     path: str,
     qk_titles: tuple[str, str] = models.PROJECTED_QK,
 ) -> str:
-    """The figure for one head; `x_title` says what X is (e.g. after which LayerNorm), and
-    `qk_titles` what Q and K are (`attn.models.steps_qk`: e.g. rotated by position)."""
+    """The figure for one head; `score` titles its score panels (`score_titles`: the Steps'
+    score says its unscaled form and divisor), `x_title` says what X is (e.g. after which
+    LayerNorm), and `qk_titles` what Q and K are (`attn.models.steps_qk`: e.g. rotated by
+    position)."""
     length, d_model = h.x_LxD.shape
     d_head = h.q_LxK.shape[1]
     cell = 0.42 if length <= 10 else 0.3 if length <= 24 else 0.22  # inches per token
