@@ -83,7 +83,7 @@ def attention(
       dropout_rate, dropout_rng: attention dropout on the weights (each kept weight scaled by
         1 / the keep probability, as Flax does), "matrix" only; rate 0 = none.
       dropout_draw: how the mask is drawn: "bits16" (`attn.layers.keep_mask`, as attn's other
-        dropout: the rate to within 2^-17, about a fifth of bernoulli's time) or "bernoulli"
+        dropout: the rate to within 2^-17, under a quarter of bernoulli's time) or "bernoulli"
         (``jax.random.bernoulli``: Flax's mask for the same key).
 
     Returns:

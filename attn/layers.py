@@ -64,7 +64,7 @@ def keep_mask(rng: jax.Array, rate: float, shape: tuple[int, ...]) -> tuple[jax.
     is the rate rounded to a multiple of 2^-16 (0.1 drops with probability 0.1000061), where
     `jax.random.bernoulli` resolves 2^-23. The bits are all 64 of each threefry block (the data
     of `jax.random.split`'s keys, four entries a block) where bernoulli spends a block and a
-    float conversion on each entry: a mask costs about a fifth of bernoulli's time on CPU
+    float conversion on each entry: a mask costs under a quarter of bernoulli's time on CPU
     (benchmarks/probes/dropout_masks.py). Keys as `jax.random.split` gives them draw independent
     masks, under `jax.vmap` too.
     """
