@@ -34,12 +34,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from attn import chunked, fused, masks, scores
+from attn import chunked, fused, layers, masks, scores
 
-__all__ = ["FULLY_MASKED", "IMPLEMENTATIONS", "Attention", "attention"]
+__all__ = ["DROPOUT_DRAWS", "FULLY_MASKED", "IMPLEMENTATIONS", "Attention", "attention"]
 
 IMPLEMENTATIONS = ("matrix", "chunked", "xla", *fused.FUSED)
 FULLY_MASKED = ("zero", "mean")  # what a query that may attend nowhere gets: 0, or mean(v)
+# How attention dropout draws its mask: attn's own (`attn.layers.keep_mask`), or Flax's and
+# jax.nn's (`jax.random.bernoulli`), for code that must match them mask for mask.
+DROPOUT_DRAWS = ("bits16", "bernoulli")
 
 
 def attention(
@@ -56,6 +59,7 @@ def attention(
     fully_masked: str = "zero",
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
+    dropout_draw: str = "bits16",
 ) -> tuple[jax.Array, jax.Array | None]:
     """Attend queries q to keys k, mixing values v.
 
@@ -77,7 +81,10 @@ def attention(
       fully_masked: "zero" (a query that may attend nowhere gets output 0) or "mean" (the mean
         of all of v, as ``jax.nn.dot_product_attention`` and Flax give).
       dropout_rate, dropout_rng: attention dropout on the weights (each kept weight scaled by
-        1 / (1 - rate), as Flax does), "matrix" only; rate 0 = none.
+        1 / the keep probability, as Flax does), "matrix" only; rate 0 = none.
+      dropout_draw: how the mask is drawn: "bits16" (`attn.layers.keep_mask`, as attn's other
+        dropout: the rate to within 2^-17, under a quarter of bernoulli's time) or "bernoulli"
+        (``jax.random.bernoulli``: Flax's mask for the same key).
 
     Returns:
       out [Lq, dv] in v.dtype, and weights [Lq, Lk] (float32, or float64 for float64 inputs;
@@ -90,9 +97,11 @@ def attention(
         mask = jnp.asarray(mask)
     sc = scores.get_score(score)
     _check(q, k, v, mask, sc, score_params, implementation, q_chunk, k_chunk)
-    _check_options(implementation, fully_masked, dropout_rate, dropout_rng)
+    _check_options(implementation, fully_masked, dropout_rate, dropout_rng, dropout_draw)
     if implementation == "matrix":
-        return _matrix(q, k, v, mask, sc, score_params, fully_masked, dropout_rate, dropout_rng)
+        return _matrix(
+            q, k, v, mask, sc, score_params, fully_masked, dropout_rate, dropout_rng, dropout_draw
+        )
     if implementation == "chunked":
         out = chunked.attention(
             q, k, v, mask, score=sc, score_params=score_params, q_chunk=q_chunk,
@@ -126,7 +135,7 @@ class Attention:
 
     def __post_init__(self):
         scores.get_score(self.score)
-        _check_options(self.implementation, self.fully_masked, 0.0, None)
+        _check_options(self.implementation, self.fully_masked, 0.0, None, "bits16")
         _check_chunks(self.q_chunk, self.k_chunk)
 
     def __call__(
@@ -160,6 +169,7 @@ def _matrix(
     fully_masked: str,
     dropout_rate: float,
     dropout_rng: jax.Array | None,
+    dropout_draw: str,
 ) -> tuple[jax.Array, jax.Array]:
     lq, lk = q_LxD.shape[0], k_MxD.shape[0]
     pos_L, pos_M = jnp.arange(lq, dtype=jnp.int32), jnp.arange(lk, dtype=jnp.int32)
@@ -167,9 +177,13 @@ def _matrix(
     w_LxM, live_L1 = masks.softmax(s_LxM, masks.matrix(mask, lq, lk))
     mix_LxM = w_LxM
     if dropout_rate > 0.0:
-        keep_LxM = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, w_LxM.shape)
-        keep_prob = jnp.asarray(1.0 - dropout_rate, w_LxM.dtype)
-        mix_LxM = w_LxM * (keep_LxM.astype(w_LxM.dtype) / keep_prob)
+        if dropout_draw == "bernoulli":
+            keep_LxM = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, w_LxM.shape)
+            keep_prob = jnp.asarray(1.0 - dropout_rate, w_LxM.dtype)
+            mix_LxM = w_LxM * (keep_LxM.astype(w_LxM.dtype) / keep_prob)  # Flax's arithmetic
+        else:
+            keep_LxM, scale = layers.keep_mask(dropout_rng, dropout_rate, w_LxM.shape)
+            mix_LxM = jnp.where(keep_LxM, w_LxM * jnp.asarray(scale, w_LxM.dtype), 0)
     out_LxE = jnp.einsum("lm,me->le", mix_LxM, v_MxE.astype(w_LxM.dtype))
     if fully_masked == "zero":  # else a dead row's uniform weights already give the mean of v
         out_LxE = jnp.where(live_L1, out_LxE, 0)
@@ -260,12 +274,14 @@ def _check_chunks(q_chunk: int, k_chunk: int) -> None:
 
 
 def _check_options(
-    implementation: str, fully_masked: str, dropout_rate: float, dropout_rng: Any
+    implementation: str, fully_masked: str, dropout_rate: float, dropout_rng: Any, draw: str
 ) -> None:
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}; got {implementation!r}")
     if fully_masked not in FULLY_MASKED:
         raise ValueError(f"fully_masked must be one of {FULLY_MASKED}; got {fully_masked!r}")
+    if draw not in DROPOUT_DRAWS:
+        raise ValueError(f"dropout_draw must be one of {DROPOUT_DRAWS}; got {draw!r}")
     rate = dropout_rate
     if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0.0 <= rate < 1.0:
         raise ValueError(f"dropout_rate must be a float in [0, 1); got {rate!r}")

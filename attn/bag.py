@@ -24,6 +24,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from attn import layers
+
 __all__ = [
     "beside",
     "checked_orders",
@@ -104,13 +106,13 @@ def logits(
 ) -> jax.Array:
     """Logits [B, C] float32 of the bag of the bucket ids [O, B, L] (ids in [0, V)).
 
-    In training, `dropout` drops each distinct n-gram with that probability (the others scaled by
-    1/(1 - dropout)), so the attention model cannot lean on a few memorised n-grams.
+    In training, `dropout` drops each distinct n-gram with that probability (`attn.layers.dropout`:
+    the others scaled by 1 / the keep probability), so the attention model cannot lean on a few
+    memorised n-grams.
     """
     sorted_OxBxL, w_OxBxL = weights(ids_OxBxL, real_BxL)
     if train and dropout > 0.0:
-        keep_OxBxL = jax.random.bernoulli(rng, 1.0 - dropout, w_OxBxL.shape)
-        w_OxBxL = jnp.where(keep_OxBxL, w_OxBxL / (1.0 - dropout), 0.0)
+        w_OxBxL = layers.dropout(w_OxBxL, dropout, train=True, rng=rng)
     return jnp.einsum("obl,oblc->bc", w_OxBxL, table_VxC[sorted_OxBxL])
 
 

@@ -71,8 +71,9 @@ def dot_product_attention(
         key_value_seq_lengths ([B] int32): as in jax.nn; combined with mask.
       implementation: None or "matrix", "chunked", "xla", "cudnn", "splash" (`attn.attention`'s).
       score, score_params, q_chunk, k_chunk, fully_masked: as in `attn.attention`.
-      dropout_rate, dropout_rng, broadcast_dropout: attention dropout ("matrix"); by default
-        one [T, S] dropout mask for every row and head, as Flax's broadcast_dropout.
+      dropout_rate, dropout_rng, broadcast_dropout: attention dropout ("matrix"), drawn as Flax
+        draws it (``jax.random.bernoulli``); by default one [T, S] dropout mask for every row
+        and head, as Flax's broadcast_dropout.
       return_weights: also return the weights [B, N, T, S] ("matrix"; None otherwise).
 
     Returns:
@@ -113,7 +114,7 @@ def dot_product_attention(
         return attention(
             q_LxK, k_MxK, v_MxE, row_mask, score=row_score, score_params=sp_row,
             implementation=impl, q_chunk=q_chunk, k_chunk=k_chunk, fully_masked=fully_masked,
-            dropout_rate=dropout_rate, dropout_rng=rng_row,
+            dropout_rate=dropout_rate, dropout_rng=rng_row, dropout_draw="bernoulli",
         )  # fmt: skip
 
     # In jax.nn's letters (G = N / K): lay q out as [B, T, K, G, H] and every per-head array with

@@ -10,7 +10,7 @@ from conftest import assert_close32, enable_x64
 from jax.test_util import check_grads
 
 import attn
-from attn import reference, scores
+from attn import layers, reference, scores
 from attn.attention import attention
 
 SCORES = sorted(scores.SCORES)
@@ -447,6 +447,10 @@ def test_attention_dropout_scales_kept_weights_like_flax():
     q, k, v = _inputs(25)
     mask, rng = _mask(25), jax.random.key(3)
     out, w = attention(q, k, v, mask, dropout_rate=0.25, dropout_rng=rng)
+    keep, scale = layers.keep_mask(rng, 0.25, (LQ, LK))
+    np.testing.assert_allclose(out, (np.asarray(w) * np.asarray(keep) * scale) @ v, atol=1e-5)
+    # Flax's draw on request: jax.random.bernoulli's mask for the same key.
+    out, _ = attention(q, k, v, mask, dropout_rate=0.25, dropout_rng=rng, dropout_draw="bernoulli")
     keep = jax.random.bernoulli(rng, 0.75, (LQ, LK))
     assert_close32(out, (np.asarray(w) * np.asarray(keep) / 0.75) @ np.asarray(v), 2 * LK)
     assert_close32(w, attention(q, k, v, mask)[1], TERMS)  # weights before dropout
@@ -459,6 +463,7 @@ def test_attention_dropout_scales_kept_weights_like_flax():
         ),
         (dict(dropout_rate=1.0, dropout_rng=rng), "dropout_rate must be a float in"),
         (dict(fully_masked="nan"), "fully_masked must be one of"),
+        (dict(dropout_draw="flax"), "dropout_draw must be one of"),
     ):
         with pytest.raises(ValueError, match=words):
             attention(q, k, v, mask, **kw)
