@@ -31,7 +31,7 @@ one written mostly in a script that was under 10% of the training texts' letters
 Latin letters, which were 0.4% of ...`; workdirs trained before scripts.json was written skip
 this); with --json the same words are the object's `note`.
 
---path=FILE classifies every row of a CSV/TSV/JSONL file instead, in batches (`predict_file`):
+--path=FILE classifies every row of a CSV/TSV/JSONL file instead, in batches (`serving.rows`):
 its --text_field column (default: the training run's), its other columns kept, with the predicted
 label, its probability, each class's probability and an error column added; written to --out
 (.csv or .jsonl, a new file) or to stdout as CSV. Rows that cannot be classified get one line each
@@ -48,9 +48,10 @@ import sys
 import numpy as np
 from absl import flags
 
-from experiments import cli, predict_file, serving
+from experiments import cli, serving
 from experiments.errors import UserError
 from experiments.explain import maps, ranking
+from experiments.serving import rows
 
 HEADER = "label\tprobability\tmost-attended words (attention received)"
 UNKNOWN = "unknown"
@@ -189,10 +190,10 @@ def predict_rows(fv: flags.FlagValues) -> int:
     """--path: every row of the file, answered as the module docstring says."""
     trained = _trained(fv)
     text_field = fv.text_field or trained.config.data.get("text_field", "text")
-    table = predict_file.read(fv.path, text_field)
-    predict_file.check_out(fv.out, fv.path, table, trained.label_names)
-    predict_file.predict(trained, table)
-    predict_file.write(table, trained.label_names, fv.out)
+    table = rows.read(fv.path, text_field)
+    rows.check_out(fv.out, fv.path, table, trained.label_names)
+    rows.predict(trained, table)
+    rows.write(table, trained.label_names, fv.out)
     failed = [row for row in table.rows if row.error is not None]
     for row in failed:
         print(f"error: {row.where}: {row.error}", file=sys.stderr)

@@ -1,5 +1,5 @@
 """A training workdir: the checks before writing into one, its config.json read back, atomic JSON
-files. Reading a trained one back is `workdir_reader`'s.
+files. Reading a trained one back is `training.workdir_reader`'s.
 
 A workdir holds config.json, tokenizer.json and vocab.txt, checkpoints/ and best/ (see
 `checkpoints`), metrics.jsonl and tensorboard/, eval_test.json, baseline.json and scripts.json

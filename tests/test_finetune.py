@@ -34,12 +34,12 @@ from safetensors import safe_open
 from attn import bert, encoder_classifier
 from attn.encoders import heads
 from configs import finetune as finetune_config
-from experiments import cli, evaluate, parallel, predict, serving, train, workdir_reader
+from experiments import cli, evaluate, parallel, predict, serving, train
 from experiments.data import checkpoint_tokenizer, chosen, encoding, tokenizers
 from experiments.errors import UserError
 from experiments.explain import faithfulness, maps, ranking
 from experiments.exporting import hub_dir
-from experiments.training import baseline, checkpoints, classify, finetune, optim
+from experiments.training import baseline, checkpoints, classify, finetune, optim, workdir_reader
 
 TINY_BERT = ROOT / "tests" / "data" / "bert" / "tiny_bert"
 POS = ["great", "superb", "moving", "good", "loved", "wonderful", "best", "fun"]

@@ -18,8 +18,6 @@ SHARED = {
     "errors",
     "fields",
     "parallel",
-    "serving",
-    "workdir_reader",
     "workdirs",
 }
 

@@ -74,7 +74,13 @@ def test_the_tokenizer_round_trips_through_the_workdir(tmp_path):
     workdir = tmp_path / "workdir"
     tok.save(workdir)
     copied = sorted(p.name for p in (workdir / checkpoint_tokenizer.SUBDIR).iterdir())
-    assert copied == ["special_tokens_map.json", "spm.model", "tokenizer_config.json"]
+    # config.json too: AutoTokenizer picks its class by model_type, and export writes from it.
+    assert copied == [
+        "config.json",
+        "special_tokens_map.json",
+        "spm.model",
+        "tokenizer_config.json",
+    ]
     back = tokenizers.load_tokenizer(workdir)
     assert isinstance(back, checkpoint_tokenizer.CheckpointTokenizer)
     text = "The film was great, 7/10!"

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from configs import default
-from experiments import fields, serving, workdir_reader, workdirs
+from experiments import fields, serving, workdirs
 from experiments.data import tokenizers
 from experiments.errors import UserError
-from experiments.training import checkpoints, optim, warm_start
+from experiments.training import checkpoints, optim, warm_start, workdir_reader
 
 LABELS = ("neg", "pos")
 

@@ -11,11 +11,11 @@ import os
 import pathlib
 
 from attn import encoders, models
-from experiments import workdir_reader, workdirs
+from experiments import workdirs
 from experiments.data import checkpoint_tokenizer
 from experiments.errors import UserError
 from experiments.exporting import hub_dir, onnx_file
-from experiments.training import checkpoints
+from experiments.training import checkpoints, workdir_reader
 
 
 def _base_config(held: workdir_reader.Workdir) -> dict:

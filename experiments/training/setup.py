@@ -20,9 +20,9 @@ import ml_collections
 import numpy as np
 
 from attn import models
-from experiments import parallel, workdir_reader, workdirs
+from experiments import parallel, workdirs
 from experiments.data import chosen, tokenizers
-from experiments.training import loop, optim, schedule, warm_start
+from experiments.training import loop, optim, schedule, warm_start, workdir_reader
 
 
 @dataclasses.dataclass(frozen=True)

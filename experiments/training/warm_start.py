@@ -18,10 +18,10 @@ import ml_collections
 import numpy as np
 
 from attn import classifier, models
-from experiments import fields, parallel, workdir_reader
+from experiments import fields, parallel
 from experiments.data import tokenizers, vectors
 from experiments.errors import UserError
-from experiments.training import checkpoints
+from experiments.training import checkpoints, workdir_reader
 
 ENCODER = ("embed", "final_ln")  # and every "layer_<i>"
 TOKENS = ["embed", "tokens"]  # the path of the token embedding table

@@ -13,11 +13,10 @@ import numpy as np
 
 from attn import encoder_classifier, encoders, models
 from configs import finetune
-from experiments import workdir_reader
 from experiments.data import checkpoint_tokenizer, encoding, scripts, tokenizers
 from experiments.data.tokenizers import CLS
 from experiments.errors import UserError
-from experiments.training import checkpoints
+from experiments.training import checkpoints, workdir_reader
 
 
 @dataclasses.dataclass(frozen=True)
