@@ -9,6 +9,7 @@ directories: benchmarks/transformers_check.py (its result in benchmarks/REPORT.m
 import ast
 import dataclasses
 import json
+import os
 import pathlib
 
 import jax
@@ -69,6 +70,20 @@ def test_the_exported_directory_reads_back_as_the_same_classifier(tmp_path, name
         assert np.abs(want - 1 / 3).max() > 1e-2  # a head that tells the classes apart
         # The same float32 computation on the same values: equal to float32's last bits.
         np.testing.assert_allclose(_probabilities(params, cfg, exported_tok, text), want, atol=1e-6)
+
+
+def test_the_directory_and_its_files_are_as_readable_as_a_plain_write_makes_them(tmp_path):
+    # mkdtemp made the directory 0700 and safetensors wrote its file 0600: another user serving
+    # the export could not read it.
+    umask = os.umask(0o022)
+    try:
+        out = _export(tmp_path, "bert", "cls")
+    finally:
+        os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o755
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {
+        p.name: 0o644 for p in out.iterdir()
+    }
 
 
 def test_config_json_names_the_class_labels_and_head(tmp_path):

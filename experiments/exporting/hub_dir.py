@@ -17,6 +17,7 @@ so a failed export leaves nothing at `out`.
 
 import dataclasses
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -162,6 +163,7 @@ def write(
         (tmp / "README.md").write_text(card, encoding="utf-8")
         if then is not None:
             then(tmp)
+        _plain_permissions(tmp)
         if out.exists():
             out.rmdir()  # empty: checked above
         tmp.rename(out)
@@ -169,6 +171,17 @@ def write(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _plain_permissions(directory: pathlib.Path) -> None:
+    """What mkdir and open would have given under the user's umask: mkdtemp makes the directory
+    private (0700) and safetensors writes its file 0600, which another user serving the export
+    could not read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    directory.chmod(0o777 & ~umask)
+    for path in directory.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 @dataclasses.dataclass(frozen=True)

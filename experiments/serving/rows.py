@@ -17,7 +17,6 @@ import io
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -193,14 +192,14 @@ def write(table: Table, label_names: tuple[str, ...], out: str | None) -> None:
     if out is None:
         _write(table, label_names, sys.stdout, jsonl=False)
         return
-    folder = os.path.dirname(os.path.abspath(out))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".predict-", suffix=Path(out).suffix)
+    tmp = os.path.join(os.path.dirname(os.path.abspath(out)), f".predict-{os.getpid()}.tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
             _write(table, label_names, f, jsonl=out.lower().endswith(".jsonl"))
         os.replace(tmp, out)
     except BaseException:
-        os.unlink(tmp)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
         raise
 
 
