@@ -91,16 +91,19 @@ class Disentangled:
         f = jnp.result_type(q_LxK, k_MxK, jnp.float32)
         s_LxM = jnp.einsum("lk,mk->lm", q_LxK, k_MxK, preferred_element_type=f)
         rows_LxM = self.rows(q_pos, k_pos)
+        # Each table is the dot's left operand: XLA:CPU in jax 0.7 (Colab's) cannot run a bfloat16
+        # dot into float32 whose left operand carries a batch axis the right one lacks (vmap's
+        # batch of sequences over the model's shared tables).
         if "c2p" in self.terms:
             pk_rxK = params["pos_key_rxK"]
-            qp_Lxr = jnp.einsum("lk,rk->lr", q_LxK, pk_rxK, preferred_element_type=f)
-            s_LxM = s_LxM + jnp.take_along_axis(qp_Lxr, rows_LxM, axis=1)
+            c2p_rxL = jnp.einsum("rk,lk->rl", pk_rxK, q_LxK, preferred_element_type=f)
+            s_LxM = s_LxM + jnp.take_along_axis(c2p_rxL, rows_LxM.T, axis=0).T
         if "p2c" in self.terms:
             # k_j · Pq[c(δ_ij)]: transformers gathers row c(-δ_ji), the same row because the
             # buckets are odd (δ_ji = -δ_ij).
             pq_rxK = params["pos_query_rxK"]
-            kp_Mxr = jnp.einsum("mk,rk->mr", k_MxK, pq_rxK, preferred_element_type=f)
-            s_LxM = s_LxM + jnp.take_along_axis(kp_Mxr, rows_LxM.T, axis=1).T
+            p2c_rxM = jnp.einsum("rk,mk->rm", pq_rxK, k_MxK, preferred_element_type=f)
+            s_LxM = s_LxM + jnp.take_along_axis(p2c_rxM, rows_LxM, axis=0)
         if self.scaled:
             s_LxM = s_LxM / math.sqrt(q_LxK.shape[-1] * (1 + len(self.terms)))
         return s_LxM
