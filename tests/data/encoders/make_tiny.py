@@ -25,7 +25,9 @@ it writes, next to this file:
                            and 1 real tokens, every row padded), mask (int32 1/0), types (int32;
                            a second segment where type_vocab_size > 1), hidden = the base model's
                            last_hidden_state and logits = the classifier's (float32, eval mode,
-                           eager attention, highest float32 matmul precision), texts (short
+                           eager attention, highest float32 matmul precision), hidden_float64 =
+                           the base model's last_hidden_state in float64 (`forward_float64`),
+                           texts (short
                            strings; ☃ is in no vocabulary, so [UNK] / <unk>, except that
                            byte-level BPE spells it in bytes) and text_ids / text_lengths
                            (int32, right-padded with the pad id) = what
@@ -486,6 +488,20 @@ def forward(model: torch.nn.Module, inputs: dict[str, np.ndarray]) -> torch.Tens
     return out.logits if hasattr(out, "logits") else out.last_hidden_state
 
 
+def forward_float64(model: torch.nn.Module, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    """The base model's last_hidden_state in float64, each row alone at its real length (zeros at
+    the padding): the exact values within float64 rounding, which the float32 output misses by
+    its own rounding (about 1e-5 for modernbert). One row at a time because a padded batch gives
+    NaN in float64 (modernbert: the padded rows' fully masked scores, which the next layer's
+    values then carry into every row). Leaves the model in float64."""
+    model.to(torch.float64)
+    out = np.zeros(inputs["ids"].shape + (model.config.hidden_size,), np.float64)
+    for row, n in enumerate(inputs["mask"].sum(axis=1)):
+        one = {k: v[row : row + 1, :n] for k, v in inputs.items()}
+        out[row, :n] = forward(model, one)[0].numpy()
+    return out
+
+
 def text_ids(directory: str, pad: int) -> dict[str, np.ndarray]:
     tok = transformers.AutoTokenizer.from_pretrained(directory)
     rows = [tok(t, add_special_tokens=True)["input_ids"] for t in TEXTS]
@@ -544,6 +560,8 @@ def write_family(name: str, seed: int) -> list[str]:
                     inputs = golden_inputs(model.config, tok, seed * 100 + k * 10 + 9)
                 out = forward(model, inputs).numpy().astype(np.float32)
                 outputs["hidden" if j == 0 else "logits"] = out
+                if j == 0:
+                    outputs["hidden_float64"] = forward_float64(model, inputs)
                 written.append(directory)
             golden = {**inputs, **outputs, **text_ids(base_dir, config.pad_token_id)}
             if clf_cls is not None:  # the classifier directory tokenizes the same
