@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from attn import layers
 from benchmarks import peers
-from experiments.training import classify
+from experiments.training import classify, xla_options
 
 
 def _bernoulli_keep_mask(rng: jax.Array, rate: float, shape: tuple[int, ...]):
@@ -68,6 +68,11 @@ class Variant:
 VARIANTS = {
     "bernoulli masks": Variant(patch=lambda: _patched(layers, "keep_mask", _bernoulli_keep_mask)),
     "dropout 0": Variant(options=_no_dropout),
+    # XLA:CPU's dots and fusions in its own emitters and Eigen instead of YNNPACK's kernels
+    # (what serving compiles with, `xla_options.forward()`) ...
+    "no ynn": Variant(compiler_options={"xla_cpu_experimental_ynn_fusion_type": ""}),
+    # ... and XLA's defaults, what serving compiled with before it
+    "xla defaults": Variant(compiler_options={}),
 }
 
 
@@ -112,10 +117,11 @@ def serve_calls(bert_dir: str, batch: int, length: int, names: list[str], peer_n
     calls = {}
     for name in ["attn", *names]:
         variant = VARIANTS.get(name, Variant())
+        options = variant.compiler_options
         with variant.patch():
-            fn = jax.jit(functools.partial(classify.eval_step.__wrapped__, cfg=cfg))
+            fn = jax.jit(functools.partial(classify.sums_and_probabilities, cfg=cfg))
             compiled = fn.lower(params, device_batch).compile(
-                compiler_options=variant.compiler_options
+                compiler_options=xla_options.forward() if options is None else options
             )
         calls[name] = functools.partial(compiled, params, device_batch)
     for name, side in _peer_sides(bert_dir, length, peer_names).items():

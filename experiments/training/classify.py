@@ -20,6 +20,7 @@ from experiments.training import (
     loop,
     metrics,
     optim,
+    xla_options,
 )
 
 
@@ -141,13 +142,27 @@ def train_step(
     return optim.apply_gradients(state, grads, tx, {**metrics, "loss": loss}, ema_decay=ema_decay)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",))
-def eval_step(params: Any, batch: dict, *, cfg: classifier.ModelConfig) -> tuple[dict, jax.Array]:
-    """Per-batch metric sums and the class probabilities [B, C]."""
+def sums_and_probabilities(
+    params: Any, batch: dict, *, cfg: classifier.ModelConfig
+) -> tuple[dict, jax.Array]:
+    """Per-batch metric sums and the class probabilities [B, C]; `eval_step` compiles it."""
     _, sums, logits_BxC = loss_and_metrics(
         params, batch, cfg, label_smoothing=0.0, penalty_weight=0.0, train=False, rng=None
     )
     return sums, jax.nn.softmax(logits_BxC)
+
+
+@functools.cache
+def _jitted_eval_step() -> Callable:
+    # Built on first use, when the backend that picks the options is up.
+    return jax.jit(
+        sums_and_probabilities, static_argnames=("cfg",), compiler_options=xla_options.forward()
+    )
+
+
+def eval_step(params: Any, batch: dict, *, cfg: classifier.ModelConfig) -> tuple[dict, jax.Array]:
+    """`sums_and_probabilities` jitted, with `xla_options.forward()`."""
+    return _jitted_eval_step()(params, batch, cfg=cfg)
 
 
 def probabilities(
