@@ -71,9 +71,9 @@ LABELS = {  # in the order the table shows them: the fine-tune, its variants and
     "finetuned": "pretrained encoder fine-tuned, weights averaged (`configs/finetune.py`)",
     "finetuned_no_ema": "the same without the weight average (EMA 0.99)",
     "finetuned_all_epochs": "fine-tuned for all its epochs (no early stopping)",
-    "finetuned_lr5e-5": "the same at learning rate 5e-5",
-    "finetuned_lr2e-4": "the same at learning rate 2e-4",
-    "finetuned_cls": "the same with [CLS] pooling (the checkpoint's pooler)",
+    "finetuned_lr5e-5": "fine-tuned at learning rate 5e-5 (1e-4 above)",
+    "finetuned_lr2e-4": "fine-tuned at learning rate 2e-4",
+    "finetuned_cls": "fine-tuned with [CLS] pooling (the checkpoint's pooler) instead of the mean",
     "finetuned_cls_lr5e-5": "[CLS] pooling at learning rate 5e-5",
     "finetuned_cls_lr2e-4": "[CLS] pooling at learning rate 2e-4",
     "finetuned_bag": "fine-tuned with the bag of n-grams beside it, weights averaged "
