@@ -3,9 +3,9 @@
 
 On CPU, jaxlib's newer XLA hands dots and the fusions around them to YNNPACK kernels. For a
 forward pass at serving sizes, XLA's own emitters and Eigen's matmul are faster on the CPUs this
-was measured on (benchmarks/analysis.md, section 9): all-MiniLM-L6-v2 at 64 x 128 took 0.74 of
-the time, a two-layer d=128 model at 64 x 256 0.68, the default's d=64 model at 64 x 128 1.03.
-The training step is left to XLA's defaults, where the same switch did not hold.
+was measured on (benchmarks/analysis.md, section 9): all-MiniLM-L6-v2 at 64 x 128 took 0.74-0.76
+of the time (0.93 of ONNX Runtime's), a two-layer d=128 model at 64 x 256 0.68, the default's d=64
+model at 64 x 128 1.03. The training step keeps XLA's defaults: there the switch gained nothing.
 """
 
 import functools
