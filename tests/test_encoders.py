@@ -16,13 +16,13 @@ import random
 import jax
 import numpy as np
 import pytest
-from conftest import ROOT, run_here
+from conftest import ROOT, assert_trees_equal, run_here
 from safetensors.numpy import load_file, save_file
 
 import attn
 from attn import encoders
 from experiments import cli, serving, train
-from experiments.data import checkpoint_tokenizer
+from experiments.data import batching, checkpoint_tokenizer
 
 DATA = ROOT / "tests" / "data" / "encoders"
 # Float32 through 2-3 blocks of width 32 with values up to about 5: a few units of float32's
@@ -159,18 +159,38 @@ def _csv(path: pathlib.Path) -> str:
 
 
 @pytest.mark.parametrize("name", TYPES)
-def test_configs_finetune_trains_each_family_and_the_commands_serve_it(name, tmp_path, capsys):
-    workdir = str(tmp_path / "run")
+def test_configs_finetune_trains_each_family_and_the_commands_serve_it(
+    name, tmp_path, capsys, monkeypatch
+):
+    workdir, cut = str(tmp_path / "run"), str(tmp_path / "cut")
     flags = [
         "--config=configs/finetune.py:tiny",
         f"--config.model.pretrained={DATA / f'tiny_{name}'}",
         f"--config.data.path={_csv(tmp_path / 'reviews.csv')}",
         "--config.train.max_steps=4",
+        "--config.train.checkpoint_every_steps=2",
         "--config.train.baseline=False",
-        f"--workdir={workdir}",
     ]
-    assert cli.run(train.define_flags, train.main, ["train", *flags]) == 0
+    assert cli.run(train.define_flags, train.main, ["train", *flags, f"--workdir={workdir}"]) == 0
     trained = serving.load(workdir)
+    # Ctrl-C as batch 4 is fetched (after the step-2 checkpoint), then the same command again:
+    # the resumed run serves what the uninterrupted one serves, bit for bit.
+    real_prefetch = batching.prefetch
+
+    def interrupted(stream):
+        for i, batch in enumerate(real_prefetch(stream), 1):
+            if i == 4:
+                raise KeyboardInterrupt
+            yield batch
+
+    monkeypatch.setattr(batching, "prefetch", interrupted)
+    assert cli.run(train.define_flags, train.main, ["train", *flags, f"--workdir={cut}"]) == (
+        cli.INTERRUPTED
+    )
+    monkeypatch.setattr(batching, "prefetch", real_prefetch)
+    assert cli.run(train.define_flags, train.main, ["train", *flags, f"--workdir={cut}"]) == 0
+    assert "resuming from step 2" in capsys.readouterr().err
+    assert_trees_equal(serving.load(cut).params, trained.params)
     _, cfg = encoders.load(DATA / f"tiny_{name}")
     assert attn.models.family(trained.cfg) == encoders.family(cfg).name
     proc = run_here("experiments.predict", f"--workdir={workdir}", "a dull film", capsys=capsys)

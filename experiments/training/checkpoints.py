@@ -16,6 +16,7 @@ part in each save and restore, and orbax writes each replicated array once.
 """
 
 import dataclasses
+import json
 import os
 import shutil
 from collections.abc import Sequence
@@ -165,13 +166,11 @@ def resume(mngr: ocp.CheckpointManager, state: Any, meta: dict, workdir: str) ->
 
 
 def _run_fields(meta: dict) -> dict:
-    """What must match to continue a run, as JSON has it (tuples are lists). A field the
-    checkpoint predates takes its default, so adding a model field keeps old runs resumable."""
+    """What must match to continue a run, as JSON has it (tuples are lists at every depth: a
+    pretrained encoder's config nests them, e.g. DeBERTa's pos_att_type). A field the checkpoint
+    predates takes its default, so adding a model field keeps old runs resumable."""
     family = family_of(meta)
-    model = {
-        k: list(v) if isinstance(v, tuple) else v
-        for k, v in {**models.defaults(family), **meta["model"]}.items()
-    }
+    model = json.loads(json.dumps({**models.defaults(family), **meta["model"]}))
     return {
         **model,
         "family": family,
