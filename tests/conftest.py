@@ -5,6 +5,7 @@ cache (shared by xdist workers and by the CLI subprocesses, which inherit the en
 each recompile into a disk read, so a tiny run costs a few seconds instead of ~20 s of CPU.
 """
 
+import contextlib
 import fcntl
 import hashlib
 import importlib
@@ -258,12 +259,10 @@ def saved_state(workdir: str, step: int, which: str = "checkpoints") -> dict:
         return mngr.restore(step, args=args)["state"]
 
 
-def train_interrupted(
-    monkeypatch: pytest.MonkeyPatch, config: ml_collections.ConfigDict, workdir: str, step: int
-) -> None:
-    """`train_and_evaluate(config, workdir)` stopped by Ctrl-C as it fetches batch `step` (1 is
-    the first), as a user's would be; the input pipeline is whole again afterwards."""
-    from experiments import train
+@contextlib.contextmanager
+def ctrl_c_at_batch(monkeypatch: pytest.MonkeyPatch, step: int):
+    """Within the block, training is stopped by Ctrl-C as it fetches batch `step` (1 is the
+    first), as a user's would be; the input pipeline is whole again afterwards."""
     from experiments.data import batching
 
     real_prefetch = batching.prefetch
@@ -275,9 +274,21 @@ def train_interrupted(
             yield batch
 
     monkeypatch.setattr(batching, "prefetch", interrupted)
-    with pytest.raises(KeyboardInterrupt):
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(batching, "prefetch", real_prefetch)
+
+
+def train_interrupted(
+    monkeypatch: pytest.MonkeyPatch, config: ml_collections.ConfigDict, workdir: str, step: int
+) -> None:
+    """`train_and_evaluate(config, workdir)` stopped by Ctrl-C as it fetches batch `step`
+    (`ctrl_c_at_batch`)."""
+    from experiments import train
+
+    with ctrl_c_at_batch(monkeypatch, step), pytest.raises(KeyboardInterrupt):
         train.train_and_evaluate(config, workdir)
-    monkeypatch.setattr(batching, "prefetch", real_prefetch)
 
 
 def assert_trees_equal(a, b) -> None:

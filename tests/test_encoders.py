@@ -16,13 +16,13 @@ import random
 import jax
 import numpy as np
 import pytest
-from conftest import ROOT, assert_trees_equal, run_here
+from conftest import ROOT, assert_trees_equal, ctrl_c_at_batch, run_here
 from safetensors.numpy import load_file, save_file
 
 import attn
 from attn import encoders
 from experiments import cli, serving, train
-from experiments.data import batching, checkpoint_tokenizer
+from experiments.data import checkpoint_tokenizer
 
 DATA = ROOT / "tests" / "data" / "encoders"
 # Float32 through 2-3 blocks of width 32 with values up to about 5: a few units of float32's
@@ -175,19 +175,10 @@ def test_configs_finetune_trains_each_family_and_the_commands_serve_it(
     trained = serving.load(workdir)
     # Ctrl-C as batch 4 is fetched (after the step-2 checkpoint), then the same command again:
     # the resumed run serves what the uninterrupted one serves, bit for bit.
-    real_prefetch = batching.prefetch
-
-    def interrupted(stream):
-        for i, batch in enumerate(real_prefetch(stream), 1):
-            if i == 4:
-                raise KeyboardInterrupt
-            yield batch
-
-    monkeypatch.setattr(batching, "prefetch", interrupted)
-    assert cli.run(train.define_flags, train.main, ["train", *flags, f"--workdir={cut}"]) == (
-        cli.INTERRUPTED
-    )
-    monkeypatch.setattr(batching, "prefetch", real_prefetch)
+    with ctrl_c_at_batch(monkeypatch, 4):
+        assert cli.run(train.define_flags, train.main, ["train", *flags, f"--workdir={cut}"]) == (
+            cli.INTERRUPTED
+        )
     assert cli.run(train.define_flags, train.main, ["train", *flags, f"--workdir={cut}"]) == 0
     assert "resuming from step 2" in capsys.readouterr().err
     assert_trees_equal(serving.load(cut).params, trained.params)

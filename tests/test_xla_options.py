@@ -38,7 +38,7 @@ def test_eval_step_compiles_without_ynnpack_fusions_where_xla_makes_them():
 
 
 def test_an_option_this_xla_does_not_know_is_not_passed(monkeypatch):
-    monkeypatch.setattr(xla_options, "_NO_YNN", {"xla_cpu_no_such_option_here": ""})
+    monkeypatch.setattr(xla_options, "NO_YNN", {"xla_cpu_no_such_option_here": ""})
     xla_options.forward.cache_clear()
     try:
         assert xla_options.forward() == {}

@@ -70,7 +70,7 @@ VARIANTS = {
     "dropout 0": Variant(options=_no_dropout),
     # XLA:CPU's dots and fusions in its own emitters and Eigen instead of YNNPACK's kernels
     # (what serving compiles with, `xla_options.forward()`) ...
-    "no ynn": Variant(compiler_options={"xla_cpu_experimental_ynn_fusion_type": ""}),
+    "no ynn": Variant(compiler_options=xla_options.NO_YNN),
     # ... and XLA's defaults, what serving compiled with before it
     "xla defaults": Variant(compiler_options={}),
 }

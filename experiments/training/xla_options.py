@@ -13,7 +13,7 @@ import functools
 import jax
 
 # An empty list of YNNPACK fusion types: none.
-_NO_YNN = {"xla_cpu_experimental_ynn_fusion_type": ""}
+NO_YNN = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
 @functools.cache
@@ -24,7 +24,7 @@ def forward() -> dict:
     if jax.default_backend() != "cpu":
         return {}
     try:
-        jax.jit(lambda x: x + 1).lower(1.0).compile(compiler_options=_NO_YNN)
+        jax.jit(lambda x: x + 1).lower(1.0).compile(compiler_options=NO_YNN)
     except Exception:  # XLA's error for an option it does not know differs across jaxlibs
         return {}
-    return dict(_NO_YNN)
+    return dict(NO_YNN)
