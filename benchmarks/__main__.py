@@ -8,6 +8,8 @@
   python -m benchmarks finetune --bert_dir=DIR/all-MiniLM-L6-v2 --data_path=FILE.csv
       [--seeds=0,1,2] [--rows=tfidf,scratch,frozen,finetuned,attention_off,...]
   python -m benchmarks finetune --bert_dir=DIR/all-MiniLM-L6-v2 --rows=imdb --imdb_path=DIR/aclImdb
+  python -m benchmarks chinese --pretrained=DIR/m3e-small [--seeds=0,1,2] [--rows=...]
+      [--workdirs=DIR]
   python -m benchmarks peers --bert_dir=DIR/all-MiniLM-L6-v2
   python -m benchmarks device [--quick] [--imdb_path=DIR/aclImdb] [--lra_minutes=1.5]
       [--parts=attention,train,lra,bert,finetune] [--bert_dir=DIR/all-MiniLM-L6-v2]
@@ -41,6 +43,7 @@ from benchmarks import (
     accuracy,
     attention,
     bert,
+    chinese,
     device,
     families,
     finetune,
@@ -72,6 +75,15 @@ SECTIONS = {
         prev,
         save=lambda sec: _save_section(fv.out, "finetune", sec),
         imdb_path=fv.imdb_path,
+    ),
+    "chinese": lambda fv, prev: chinese.run(
+        fv.quick,
+        fv.pretrained,
+        fv.seeds,
+        fv.rows if fv["rows"].present else list(chinese.ROWS),
+        prev,
+        save=lambda sec: _save_section(fv.out, "chinese", sec),
+        workdirs=fv.workdirs,
     ),
     "peers": lambda fv, prev: peers.run(fv.quick, fv.bert_dir),
     "families": lambda fv, prev: families.run(fv.quick),
@@ -109,7 +121,19 @@ def define_flags(fv: flags.FlagValues) -> None:
         "data_path", "", "`finetune`: the labelled file (text,label) to train on.", flag_values=fv
     )
     flags.DEFINE_list(
-        "rows", list(finetune.ROWS), "`finetune`: which rows of its table to run.", flag_values=fv
+        "rows",
+        list(finetune.ROWS),
+        "`finetune`, `chinese`: which rows of its table to run (default: all of that section's).",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "pretrained", "", "`chinese`: the Chinese model directory to fine-tune.", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "workdirs",
+        "",
+        "`chinese`: keep each run's workdir under DIR/chinese/<row>/seed<N> (default: deleted).",
+        flag_values=fv,
     )
 
 

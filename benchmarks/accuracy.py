@@ -1,6 +1,7 @@
 """Section 3: accuracy. The default config and two pooling variants trained end to end, against
 character n-gram TF-IDF + logistic regression baselines on the same splits."""
 
+import contextlib
 import tempfile
 import time
 
@@ -80,10 +81,13 @@ def short_reviews(workdir: str) -> dict:
     return {"accuracy": 1 - len(wrong) / NUM_SHORT, "num_examples": NUM_SHORT, "wrong": wrong}
 
 
-def train_variant(config: ml_collections.ConfigDict, short: bool = False) -> dict:
-    """One training run in a temporary workdir; `short` also scores SHORT_REVIEWS."""
+def train_variant(
+    config: ml_collections.ConfigDict, short: bool = False, keep: str | None = None
+) -> dict:
+    """One training run in a temporary workdir, or in `keep` (kept for serving afterwards, and
+    resumed when an earlier call was interrupted); `short` also scores SHORT_REVIEWS."""
     config = chosen.resolve(config)  # record the epochs the data chose, not their 0 mark
-    with tempfile.TemporaryDirectory() as workdir:
+    with contextlib.nullcontext(keep) if keep else tempfile.TemporaryDirectory() as workdir:
         start = time.perf_counter()
         test = train.train_and_evaluate(config, workdir)
         wall = time.perf_counter() - start
