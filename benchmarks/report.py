@@ -626,17 +626,31 @@ def _export_md(sec: dict) -> list[str]:
         f"{v['transformers']} (torch {v['torch']}) with AutoTokenizer and "
         "AutoModelForSequenceClassification: the largest |probability - predict's| over 5 texts, "
         "and whether AutoTokenizer gives attn's ids on 8 texts (Chinese, accents, an emoji and a "
-        "text longer than the encoder reads among them, nothing cut). Commands: "
-        f"`{SECTIONS['export'][1]}`.",
+        "text longer than the encoder reads among them, nothing cut)"
+        + (
+            '; and `pipeline("text-classification", model=DIR)` (trust_remote_code for a '
+            "mean-pooled export), the first thing a transformers user types: the error lines it "
+            "logs and its scores' largest difference from predict's"
+            if any("pipeline_errors" in r for r in sec["rows"].values())
+            else ""
+        )
+        + f". Commands: `{SECTIONS['export'][1]}`.",
         "",
-        "| run | transformers class | tokenizer | ids | max abs prob. difference | loads cleanly |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| run | transformers class | tokenizer | ids | max abs prob. difference | loads cleanly |"
+        " pipeline |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, r in sec["rows"].items():
+        if "pipeline_errors" not in r:
+            pipe = "not run"
+        elif r["pipeline_errors"]:
+            pipe = f"**logs an error**: {r['pipeline_errors'][0][:60]}..."
+        else:
+            pipe = f"no error, {r['pipeline_max_probability_gap']:.1e}"
         lines.append(
             f"| {name} | {r['class']} | {r['tokenizer']} | "
             f"{'same' if r['ids_match'] else 'DIFFER'} | {r['max_probability_gap']:.1e} | "
-            f"{'yes' if not r['load_faults'] else r['load_faults']} |"
+            f"{'yes' if not r['load_faults'] else r['load_faults']} | {pipe} |"
         )
     return [*lines, ""]
 

@@ -1,6 +1,7 @@
 """Exported directories against transformers itself: each loads with AutoTokenizer and
 AutoModelForSequenceClassification (trust_remote_code for a mean-pooled one) with nothing missing,
-unexpected or mismatched, its tokenizer gives the ids attn read, and its probabilities are attn's;
+unexpected or mismatched, its tokenizer gives the ids attn read, and its probabilities are attn's,
+also through pipeline("text-classification"), which must log no error;
 so are those of DIR/model.onnx (export --onnx) under ONNX Runtime, where both exist. attn never
 imports torch or transformers: run this file in an environment that has them (torch, transformers
 4.x, sentencepiece and protobuf for DeBERTa's tokenizer), e.g.
@@ -18,6 +19,7 @@ there; exits 1 when any directory fails (tolerance 1e-4 on the probabilities).
 """
 
 import json
+import logging
 import sys
 
 import torch
@@ -49,6 +51,7 @@ def check(entry: dict) -> dict:
     for text, ids in entry.get("tokenized", {}).items():
         ids_match &= tokenizer(text)["input_ids"] == ids
     onnx_gap = _onnx_gap(directory, tokenizer, entry)
+    errors, pipeline_gap = _pipeline(directory, remote, entry)
     return {
         "class": type(model).__name__,
         "tokenizer": type(tokenizer).__name__,
@@ -56,8 +59,46 @@ def check(entry: dict) -> dict:
         "ids_match": ids_match,
         "max_probability_gap": gap,
         "onnx_max_probability_gap": onnx_gap,
-        "ok": not faults and ids_match and max(gap, onnx_gap or 0.0) <= TOLERANCE,
+        "pipeline_errors": errors,
+        "pipeline_max_probability_gap": pipeline_gap,
+        "ok": not faults
+        and not errors
+        and ids_match
+        and max(gap, onnx_gap or 0.0, pipeline_gap) <= TOLERANCE,
     }
+
+
+class _Errors(logging.Handler):
+    """The error-level lines transformers logs, kept."""
+
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage()[:200])
+
+
+def _pipeline(directory: str, remote: bool, entry: dict) -> tuple[list[str], float]:
+    """pipeline("text-classification") on the directory, as a transformers user first tries it:
+    the error lines it logs, and the largest gap between its scores and attn's probabilities."""
+    errors = _Errors()
+    logger = logging.getLogger("transformers")
+    logger.addHandler(errors)
+    try:
+        classify = transformers.pipeline(
+            "text-classification", model=directory, trust_remote_code=remote, top_k=None
+        )
+        answers = classify(list(entry["texts"]))
+    finally:
+        logger.removeHandler(errors)
+    label2id = classify.model.config.label2id
+    gap = max(
+        abs(a["score"] - want[label2id[a["label"]]])
+        for answer, want in zip(answers, entry["probabilities"], strict=True)
+        for a in answer
+    )
+    return errors.lines, float(gap)
 
 
 def _onnx_gap(directory: str, tokenizer, entry: dict) -> float | None:
@@ -95,7 +136,9 @@ def main(argv: list[str]) -> int:
                 if r["onnx_max_probability_gap"] is not None
                 else ""
             )
+            + f", pipeline {r['pipeline_max_probability_gap']:.1e}"
             + (f", load faults {r['load_faults']}" if r["load_faults"] else "")
+            + (f", pipeline errors {r['pipeline_errors']}" if r["pipeline_errors"] else "")
         )
     if len(argv) > 2:
         versions = {"torch": torch.__version__, "transformers": transformers.__version__}

@@ -15,6 +15,7 @@ import inspect
 import torch
 from torch import nn
 from transformers.modeling_outputs import SequenceClassifierOutput
+from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
 from transformers.models.bert.modeling_bert import BertModel as BaseModel
 from transformers.models.bert.modeling_bert import BertPreTrainedModel as PretrainedBase
 
@@ -52,3 +53,12 @@ class MeanPooledForSequenceClassification(PretrainedBase):
         if labels is not None:
             loss = nn.functional.cross_entropy(logits.view(-1, self.num_labels), labels.view(-1))
         return SequenceClassifierOutput(loss=loss, logits=logits)
+
+
+# pipeline("text-classification") looks a model's class name up in transformers' own list of
+# sequence classifiers and logs an error (with the whole list) for any other, though it runs it:
+# this class is one, so it joins the list, under a key that is no model type (the auto classes
+# pair that list with model types, so they never see it).
+MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.setdefault(
+    "attn_mean_pooled", MeanPooledForSequenceClassification.__name__
+)
