@@ -33,7 +33,6 @@ __all__ = [
     "Rule",
     "Stored",
     "config_json",
-    "config_keys",
     "local_dir",
     "param_count",
     "read",
@@ -141,12 +140,6 @@ def config_json(directory: pathlib.Path) -> dict:
     if not isinstance(hf, dict):
         raise CheckpointError(f"{path} is not a JSON object")
     return hf
-
-
-def config_keys(cfg: Any, keys: Mapping[str, tuple[str, Any]]) -> dict:
-    """config.json's keys of a config's fields: `keys` maps a field to (its config.json key,
-    default), as a family's from_hf reads them; this writes them back."""
-    return {key: getattr(cfg, field) for field, (key, _) in keys.items()}
 
 
 def _weight_files(directory: pathlib.Path) -> list[pathlib.Path]:

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 from attn import layers, multihead, scores
 from attn.attention import attention
 from attn.classifier import DTYPES
+from attn.encoders import fields
 from attn.encoders.family import checked_inputs, first_layers, lookup
 
 __all__ = [
@@ -88,41 +89,18 @@ class Config:
     model_type: str = "bert"
 
     def __post_init__(self):
-        def integer(name: str, lo: int) -> None:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
-                raise ValueError(f"bert.Config.{name} must be an integer >= {lo}; got {v!r}")
-            object.__setattr__(self, name, int(v))
-
-        def real(name: str, lo: float, hi: float) -> None:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not lo <= v < hi:
-                raise ValueError(f"bert.Config.{name} must be a float in [{lo}, {hi}); got {v!r}")
-            object.__setattr__(self, name, float(v))
-
         for name in ("vocab_size", "d_model", "num_heads", "d_ff", "max_positions"):
-            integer(name, 1)
+            fields.integer(self, name, 1)
         for name in ("num_layers", "type_vocab_size", "pad_id", "position_offset"):
-            integer(name, 0)
-        if self.d_model % self.num_heads:
-            raise ValueError(
-                f"bert.Config.d_model={self.d_model} must be divisible by "
-                f"bert.Config.num_heads={self.num_heads}"
-            )
-        real("layer_norm_eps", 0.0, math.inf)
-        real("dropout", 0.0, 1.0)
-        real("attention_dropout", 0.0, 1.0)
-        real("initializer_range", 0.0, math.inf)
-        if not isinstance(self.pooler, bool):
-            raise ValueError(f"bert.Config.pooler must be a bool; got {self.pooler!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(
-                f"bert.Config.dtype must be one of {sorted(DTYPES)}; got {self.dtype!r}"
-            )
-        if self.model_type not in MODEL_TYPES:
-            raise ValueError(
-                f"bert.Config.model_type must be one of {MODEL_TYPES}; got {self.model_type!r}"
-            )
+            fields.integer(self, name, 0)
+        fields.divisible(self, "d_model", "num_heads")
+        fields.real(self, "layer_norm_eps", 0.0, math.inf)
+        fields.real(self, "dropout", 0.0, 1.0)
+        fields.real(self, "attention_dropout", 0.0, 1.0)
+        fields.real(self, "initializer_range", 0.0, math.inf)
+        fields.flag(self, "pooler")
+        fields.choice(self, "dtype", sorted(DTYPES))
+        fields.choice(self, "model_type", MODEL_TYPES)
 
     @property
     def max_length(self) -> int:

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from attn import layers, multihead, scores
 from attn.attention import Attention, attention
 from attn.classifier import DTYPES
+from attn.encoders import fields
 from attn.encoders.deberta import score as disentangled
 from attn.encoders.family import checked_inputs, first_layers, lookup
 from attn.encoders.heads import ACTIVATIONS
@@ -91,37 +92,17 @@ class Config:
     pooler_act: str = "gelu"  # pooler_hidden_act: the classification head's activation
 
     def __post_init__(self):
-        def integer(name: str, lo: int | None) -> None:
-            v = getattr(self, name)
-            bad = isinstance(v, bool) or not isinstance(v, numbers.Integral)
-            if bad or (lo is not None and v < lo):
-                at_least = f" >= {lo}" if lo is not None else ""
-                raise ValueError(f"deberta.Config.{name} must be an integer{at_least}; got {v!r}")
-            object.__setattr__(self, name, int(v))
-
-        def real(name: str, lo: float, hi: float) -> None:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not lo <= v < hi:
-                raise ValueError(
-                    f"deberta.Config.{name} must be a float in [{lo}, {hi}); got {v!r}"
-                )
-            object.__setattr__(self, name, float(v))
-
         for name in ("vocab_size", "d_model", "num_heads", "d_ff", "max_positions"):
-            integer(name, 1)
+            fields.integer(self, name, 1)
         for name in ("num_layers", "type_vocab_size", "pad_id"):
-            integer(name, 0)
+            fields.integer(self, name, 0)
         for name in ("position_buckets", "max_relative_positions"):
-            integer(name, None)
-        if self.d_model % self.num_heads:
-            raise ValueError(
-                f"deberta.Config.d_model={self.d_model} must be divisible by "
-                f"deberta.Config.num_heads={self.num_heads}"
-            )
-        real("layer_norm_eps", 0.0, math.inf)
-        real("dropout", 0.0, 1.0)
-        real("attention_dropout", 0.0, 1.0)
-        real("initializer_range", 0.0, math.inf)
+            fields.integer(self, name)
+        fields.divisible(self, "d_model", "num_heads")
+        fields.real(self, "layer_norm_eps", 0.0, math.inf)
+        fields.real(self, "dropout", 0.0, 1.0)
+        fields.real(self, "attention_dropout", 0.0, 1.0)
+        fields.real(self, "initializer_range", 0.0, math.inf)
         terms = self.pos_att_type
         if isinstance(terms, str) or not all(t in disentangled.TERMS for t in terms):
             raise ValueError(
@@ -131,20 +112,9 @@ class Config:
         # One order, so equal configs are equal (and share a jit cache entry).
         object.__setattr__(self, "pos_att_type", tuple(t for t in disentangled.TERMS if t in terms))
         for name in ("share_att_key", "position_biased_input"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(
-                    f"deberta.Config.{name} must be a bool; got {getattr(self, name)!r}"
-                )
-        if self.pooler_act not in ACTIVATIONS:
-            raise ValueError(
-                f"deberta.Config.pooler_act must be one of {tuple(ACTIVATIONS)}; got "
-                f"{self.pooler_act!r}"
-            )
-        if self.norm_rel_ebd not in NORM_REL_EBD:
-            raise ValueError(
-                f"deberta.Config.norm_rel_ebd must be one of {NORM_REL_EBD}; got "
-                f"{self.norm_rel_ebd!r}"
-            )
+            fields.flag(self, name)
+        fields.choice(self, "pooler_act", tuple(ACTIVATIONS))
+        fields.choice(self, "norm_rel_ebd", NORM_REL_EBD)
         if self.position_buckets == 1 or (
             self.position_buckets > 1 and self.max_relative - 1 <= self.position_buckets // 2
         ):
@@ -153,10 +123,7 @@ class Config:
                 f"position ({self.max_relative}) above position_buckets // 2 + 1; got "
                 f"position_buckets={self.position_buckets}"
             )
-        if self.dtype not in DTYPES:
-            raise ValueError(
-                f"deberta.Config.dtype must be one of {sorted(DTYPES)}; got {self.dtype!r}"
-            )
+        fields.choice(self, "dtype", sorted(DTYPES))
 
     @property
     def max_length(self) -> int:

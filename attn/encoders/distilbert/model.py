@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from typing import Any
 
 import jax
@@ -29,6 +28,7 @@ import jax.numpy as jnp
 from attn import layers, multihead, scores
 from attn.attention import attention
 from attn.classifier import DTYPES
+from attn.encoders import fields
 from attn.encoders.bert import model as bert_model
 from attn.encoders.family import checked_inputs, lookup
 
@@ -62,21 +62,14 @@ class Config:
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "num_heads", "d_ff", "max_positions"):
-            _integer(self, name, 1)
+            fields.integer(self, name, 1)
         for name in ("num_layers", "pad_id"):
-            _integer(self, name, 0)
-        if self.d_model % self.num_heads:
-            raise ValueError(
-                f"distilbert.Config.d_model={self.d_model} must be divisible by "
-                f"distilbert.Config.num_heads={self.num_heads}"
-            )
-        _real(self, "dropout", 0.0, 1.0)
-        _real(self, "attention_dropout", 0.0, 1.0)
-        _real(self, "initializer_range", 0.0, math.inf)
-        if self.dtype not in DTYPES:
-            raise ValueError(
-                f"distilbert.Config.dtype must be one of {sorted(DTYPES)}; got {self.dtype!r}"
-            )
+            fields.integer(self, name, 0)
+        fields.divisible(self, "d_model", "num_heads")
+        fields.real(self, "dropout", 0.0, 1.0)
+        fields.real(self, "attention_dropout", 0.0, 1.0)
+        fields.real(self, "initializer_range", 0.0, math.inf)
+        fields.choice(self, "dtype", sorted(DTYPES))
 
     @property
     def layer_norm_eps(self) -> float:
@@ -87,20 +80,6 @@ class Config:
     def max_length(self) -> int:
         """The longest input: one position row per token."""
         return self.max_positions
-
-
-def _integer(cfg: Config, name: str, lo: int) -> None:
-    v = getattr(cfg, name)
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
-        raise ValueError(f"distilbert.Config.{name} must be an integer >= {lo}; got {v!r}")
-    object.__setattr__(cfg, name, int(v))
-
-
-def _real(cfg: Config, name: str, lo: float, hi: float) -> None:
-    v = getattr(cfg, name)
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not lo <= v < hi:
-        raise ValueError(f"distilbert.Config.{name} must be a float in [{lo}, {hi}); got {v!r}")
-    object.__setattr__(cfg, name, float(v))
 
 
 def init(key: jax.Array, cfg: Config) -> dict:
