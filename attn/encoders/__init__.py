@@ -25,8 +25,9 @@ from typing import Any
 import jax
 
 from attn.attention import attention
+from attn.encoders import family as _family
 from attn.encoders import heads, hub
-from attn.encoders.family import Family, first_layers
+from attn.encoders.family import Family
 from attn.encoders.hub import CheckpointError, Rule, param_count
 
 __all__ = [
@@ -82,6 +83,13 @@ def family(cfg_or_name: Any) -> Family:
 def model_types() -> str:
     """The config.json model_type values `load` reads, for messages."""
     return ", ".join(sorted(_BY_MODEL_TYPE))
+
+
+def first_layers(params: dict, cfg: Any, n: int) -> tuple[dict, Any]:
+    """The encoder of `cfg`'s first n depths (`attn.encoders.family.first_layers` with the
+    family's layer_keys): (params without what only deeper depths read, cfg with num_layers=n);
+    n=0 keeps the embeddings alone."""
+    return _family.first_layers(params, cfg, n, family(cfg).layer_keys)
 
 
 def init(key: jax.Array, cfg: Any) -> dict:

@@ -1,6 +1,6 @@
 """The DistilBERT encoder as pure functions: BERT's post-LayerNorm blocks
-(`attn.encoders.bert.model.blocks`) over its own embeddings, which have no token types; its
-checkpoint rules are `attn.encoders.distilbert.checkpoint`.
+(`attn.encoders.blocks`) over its own embeddings, which have no token types; its checkpoint rules
+are `attn.encoders.distilbert.checkpoint`.
 
     x = LN(word[ids] + position[0..L-1])                         embeddings
     x = LN(x + Dropout(MHA(x)))                                  each of num_layers blocks,
@@ -13,7 +13,7 @@ linear in L, "xla"). A padding key is masked, as in BERT.
 
 Params (plain dicts, float32): BERT's without token types and pooler,
     {"embed": {"tokens": [V, D], "positions": [P, D], "ln": layer norm},
-     "layer_0" ... "layer_{n-1}": BERT's blocks (`attn.encoders.bert.model`)}
+     "layer_0" ... "layer_{n-1}": the blocks (`attn.encoders.blocks`)}
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ import jax.numpy as jnp
 from attn import layers, multihead, scores
 from attn.attention import attention
 from attn.classifier import DTYPES
-from attn.encoders import fields
-from attn.encoders.bert import model as bert_model
-from attn.encoders.family import checked_inputs, lookup
+from attn.encoders import blocks, fields
+from attn.encoders.family import checked_inputs, layer_keys, lookup
 
 __all__ = [
     "Config",
@@ -84,7 +83,7 @@ class Config:
 
 def init(key: jax.Array, cfg: Config) -> dict:
     """Random float32 params (layout in the module docstring): tables ~ N(0, initializer_range²),
-    BERT's blocks as `bert.model.init_blocks` draws them, LayerNorm 1 and 0."""
+    the blocks as `attn.encoders.blocks.init` draws them, LayerNorm 1 and 0."""
     std = cfg.initializer_range
     k_tok, k_pos, k_layers = jax.random.split(key, 3)
     embed_params = {
@@ -92,7 +91,7 @@ def init(key: jax.Array, cfg: Config) -> dict:
         "positions": std * jax.random.normal(k_pos, (cfg.max_positions, cfg.d_model), jnp.float32),
         "ln": layers.layer_norm_init(cfg.d_model),
     }
-    return {"embed": embed_params, **bert_model.init_blocks(k_layers, cfg)}
+    return {"embed": embed_params, **blocks.init(k_layers, cfg, layer_keys(cfg))}
 
 
 def _check_inputs(
@@ -179,8 +178,8 @@ def encode(
     x_BxLxD = embed(
         params, cfg, ids_BxL, mask_BxL, train=train, rng=r_embed, delta_BxLxD=embed_delta_BxLxD
     )
-    x_BxLxD, weights = bert_model.blocks(
-        params, cfg, x_BxLxD, mask_BxL, attend=attend, train=train, rng=r_layers
+    x_BxLxD, weights = blocks.stack(
+        params, cfg, x_BxLxD, mask_BxL, layer_keys(cfg), attend=attend, train=train, rng=r_layers
     )
     return (x_BxLxD, weights) if return_weights else x_BxLxD
 
@@ -198,7 +197,7 @@ def attention_steps(
     mask [L], as in evaluation, with the matrix form of `score` (the checkpoints': scaled_dot).
     X is the layer's input as it is (post-LayerNorm blocks): the embeddings after their
     LayerNorm for layer 0, else the previous block's output."""
-    return bert_model.layer_steps(encode, params, cfg, ids_L, mask_L, layer=layer, score=score)
+    return blocks.steps(encode, params, cfg, ids_L, mask_L, layer=layer, score=score)
 
 
 def steps_input(cfg: Config, layer: int) -> str:

@@ -1,7 +1,7 @@
 """The ELECTRA encoder (the discriminator's, and the generator's body) as pure functions: BERT's
 embeddings at their own width X = embedding_size, projected to the model width D when the two
-differ, then BERT's post-LayerNorm blocks (`attn.encoders.bert.model.blocks`); its checkpoint
-rules are `attn.encoders.electra.checkpoint`.
+differ, then BERT's post-LayerNorm blocks (`attn.encoders.blocks`); its checkpoint rules are
+`attn.encoders.electra.checkpoint`.
 
     e = Dropout(LN(word[ids] + position[0..L-1] + type[types]))  [B, L, X]
     x = e W_p + b_p  if X != D, else e                             [B, L, D] embeddings_project
@@ -14,7 +14,7 @@ it ("matrix", "chunked" with memory linear in L, "xla").
 Params (plain dicts, float32):
     {"embed": {"tokens": [V, X], "positions": [P, X], "types": [T, X], "ln": layer norm [X],
                "project": dense X->D, only if X != D},
-     "layer_0" ... "layer_{n-1}": BERT's blocks (`attn.encoders.bert.model`)}
+     "layer_0" ... "layer_{n-1}": the blocks (`attn.encoders.blocks`)}
 """
 
 from __future__ import annotations
@@ -30,9 +30,8 @@ import numpy as np
 from attn import layers, multihead, scores
 from attn.attention import attention
 from attn.classifier import DTYPES
-from attn.encoders import fields
-from attn.encoders.bert import model as bert_model
-from attn.encoders.family import checked_inputs, lookup
+from attn.encoders import blocks, fields
+from attn.encoders.family import checked_inputs, layer_keys, lookup
 
 __all__ = [
     "Config",
@@ -98,8 +97,8 @@ class Config:
 
 def init(key: jax.Array, cfg: Config) -> dict:
     """Random float32 params (layout in the module docstring): tables and the projection's
-    weight ~ N(0, initializer_range²), biases 0, LayerNorm 1 and 0, BERT's blocks as
-    `bert.model.init_blocks` draws them."""
+    weight ~ N(0, initializer_range²), biases 0, LayerNorm 1 and 0, the blocks as
+    `attn.encoders.blocks.init` draws them."""
     x, std = cfg.embedding_size, cfg.initializer_range
 
     def normal(k: jax.Array, *shape: int) -> jax.Array:
@@ -117,7 +116,7 @@ def init(key: jax.Array, cfg: Config) -> dict:
             "w": normal(k_proj, x, cfg.d_model),
             "b": jnp.zeros((cfg.d_model,), jnp.float32),
         }
-    return {"embed": embed_params, **bert_model.init_blocks(k_layers, cfg)}
+    return {"embed": embed_params, **blocks.init(k_layers, cfg, layer_keys(cfg))}
 
 
 def _check_inputs(
@@ -226,8 +225,15 @@ def encode(
         rng=r_embed,
         delta_BxLxX=embed_delta_BxLxD,
     )
-    x_BxLxD, weights = bert_model.blocks(
-        params, cfg, x_BxLxD, jnp.asarray(mask_BxL), attend=attend, train=train, rng=r_layers
+    x_BxLxD, weights = blocks.stack(
+        params,
+        cfg,
+        x_BxLxD,
+        jnp.asarray(mask_BxL),
+        layer_keys(cfg),
+        attend=attend,
+        train=train,
+        rng=r_layers,
     )
     return (x_BxLxD, weights) if return_weights else x_BxLxD
 
@@ -246,7 +252,7 @@ def attention_steps(
     checkpoints': scaled_dot). X is the layer's input as it is (post-LayerNorm blocks): for
     layer 0 the embeddings after their LayerNorm and the projection, else the previous block's
     output."""
-    return bert_model.layer_steps(encode, params, cfg, ids_L, mask_L, layer=layer, score=score)
+    return blocks.steps(encode, params, cfg, ids_L, mask_L, layer=layer, score=score)
 
 
 def steps_input(cfg: Config, layer: int) -> str:
