@@ -29,6 +29,7 @@ MODELS = {
     "electra": "google/electra-base-discriminator",
     "modernbert": "answerdotai/ModernBERT-base",
     "deberta-v2": "microsoft/deberta-v3-base",
+    "albert": "albert-base-v2",
 }
 LENGTH, BATCH = 128, 8
 XLA = "jax.nn"

@@ -53,6 +53,7 @@ _PACKAGES = (
     "electra",
     "modernbert",
     "deberta",
+    "albert",
 )
 FAMILIES: dict[str, Family] = {
     f.name: f for f in (importlib.import_module(f"attn.encoders.{p}").FAMILY for p in _PACKAGES)
