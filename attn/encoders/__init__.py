@@ -11,7 +11,8 @@ asks `family(cfg)` or `family(name)`, never the type of a config. `load` reads c
 model_type, picks the family, and maps every stored tensor by the family's rules
 (`attn.encoders.hub`).
 
-Token ids are the checkpoint's own; mask is True (or 1) on real tokens.
+Token ids are the checkpoint's own; the mask is bool, True on real tokens (an int mask is
+refused, as jax.nn refuses it: pass mask != 0).
 """
 
 from __future__ import annotations
