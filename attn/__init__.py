@@ -8,7 +8,8 @@ arguments in a form `jax.jit` and Flax can hold. Submodules: scores, masks, chun
 reference, fused (the cuDNN and Pallas TPU kernels), bag, multihead, encoder, positions, pooling,
 layers, head (the classifier head both classifiers share), classifier, masked_lm (masked-token
 pretraining), importance (token importance and erasure), encoders (pretrained encoder families
-behind one registry, and their Hugging Face checkpoints; reading one needs safetensors), bert (the
+behind one registry, and their Hugging Face checkpoints in safetensors, Flax msgpack or PyTorch
+.bin files, read without torch), bert (the
 BERT family under its earlier name), encoder_classifier (a classifier over a pretrained encoder, to
 fine-tune), models (which of the two classifiers a config is), and flax_interop (import it
 explicitly; it pulls in Flax).

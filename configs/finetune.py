@@ -9,7 +9,8 @@ Run:
   python -m experiments.evaluate --workdir=runs/ft
   python -m experiments.predict --workdir=runs/ft "a moving, funny film"
 
-The directory needs config.json, model.safetensors and its tokenizer's files (tokenizer.json,
+The directory needs config.json, its weights (model.safetensors, flax_model.msgpack or
+pytorch_model.bin, single or sharded, read without torch) and its tokenizer's files (tokenizer.json,
 vocab.txt or spm.model) of a BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ELECTRA, ModernBERT or
 DeBERTa-v2/v3 encoder; a hub id is downloaded with huggingface_hub. Its config.json decides the
 sizes, positions, embedding dropout and score, so overriding model.num_layers and the like is

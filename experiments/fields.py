@@ -212,8 +212,8 @@ FIELDS: dict[str, Field] = {
     ),
     "model.pretrained": Field(
         "fine-tune this Hugging Face model directory or hub id (config.json, "
-        "model.safetensors, tokenizer.json, vocab.txt or spm.model; any family attn.encoders "
-        "reads) with a linear head, using "
+        "model.safetensors, flax_model.msgpack or pytorch_model.bin, tokenizer.json, vocab.txt "
+        "or spm.model; any family attn.encoders reads) with a linear head, using "
         "model.pooling (cls or mean), dropout (the head's) and implementation; its own sizes "
         "replace the other model fields; empty = attn's own classifier",
         before="",

@@ -242,13 +242,14 @@ def test_every_fault_is_reported_together(tmp_path):
         assert part in message
 
 
-def test_a_bin_only_directory_says_how_to_convert(tmp_path):
+def test_an_empty_bin_is_refused_naming_it(tmp_path):
+    # A .bin used to be refused whatever it held; now it is read (tests/test_weight_formats.py).
     (tmp_path / "config.json").write_text(
         (DATA / "tiny_bert" / "config.json").read_text(encoding="utf-8"), encoding="utf-8"
     )
     (tmp_path / "pytorch_model.bin").write_bytes(b"")
     message = _refusal(tmp_path)
-    assert "pytorch_model.bin" in message and "safe_serialization=True" in message
+    assert "pytorch_model.bin is not a PyTorch zip checkpoint" in message
 
 
 @pytest.mark.parametrize(
@@ -285,7 +286,7 @@ def test_a_hub_id_is_downloaded_with_huggingface_hub(monkeypatch):
     fake = types.SimpleNamespace(snapshot_download=snapshot_download)
     monkeypatch.setitem(sys.modules, "huggingface_hub", fake)
     params, cfg = bert.load("someone/tiny-bert")
-    assert calls[0][0] == "someone/tiny-bert" and "*.safetensors" in calls[0][1]
+    assert calls[0][0] == "someone/tiny-bert" and "model*.safetensors" in calls[0][1]
     assert cfg.d_model == 32 and bert.param_count(params) == 20_640
 
 

@@ -592,7 +592,7 @@ def test_a_hub_id_is_downloaded_once_for_the_encoder_and_its_tokenizer(csv, caps
     assert proc.returncode == 0, proc.stderr
     assert "tokenizer pretrained  vocab_size 99" in proc.stdout
     assert {repo for repo, _ in asked} == {"someone/tiny-bert"}
-    assert {"vocab.txt", "tokenizer.json", "spm.model", "*.safetensors"} <= set(asked[0][1])
+    assert {"vocab.txt", "tokenizer.json", "spm.model", "model*.safetensors"} <= set(asked[0][1])
 
 
 def test_a_hub_id_that_cannot_be_downloaded_is_one_line(csv, tmp_path, capsys, monkeypatch):

@@ -45,6 +45,7 @@ __all__ = [
     "model_types",
     "open_checkpoint",
     "param_count",
+    "read",
 ]
 
 # One line per family: its subpackage of attn/encoders, whose FAMILY is its record.
@@ -133,6 +134,11 @@ class Checkpoint:
     def where(self) -> str:
         return str(self.directory)
 
+    @property
+    def weights(self) -> str:
+        """The weight file read ("pytorch_model.bin", ...), or the first of its shards."""
+        return hub.files_read(self.tensors)
+
 
 def _legacy(name: str) -> str:
     for old, new in _LEGACY.items():
@@ -161,7 +167,7 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
             f"{where}: architecture {', '.join(other)} is not supported; attn reads "
             f"{', '.join(fam.architectures)} for model_type {model_type!r}"
         )
-    tensors = hub.stored(directory)
+    tensors = hub.stored(directory, msgpack=fam.flax_layout)
     names: dict[str, str] = {}  # canonical name -> stored name
     full: dict[str, str] = {}
     problems = []
@@ -178,16 +184,23 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
 
 
 def load(path: str | os.PathLike) -> tuple[dict, Any]:
-    """(params, cfg) from a Hugging Face model directory or hub id (config.json +
-    model.safetensors, read with safetensors' numpy reader; float32 params whatever the stored
-    float dtype) of any registered family. Every stored tensor is placed by the family's rules or
-    skipped by name (buffers, task heads); a missing, unknown, wrongly shaped or non-float tensor
-    is collected and raised together in one `CheckpointError`, as is a model_type or option the
-    family does not compute. The parameter count is checked against the stored count and logged
-    with what was skipped (logger "attn.encoders", INFO). A sequence classifier with its head:
-    `attn.encoder_classifier.load`."""
+    """(params, cfg) from a Hugging Face model directory or hub id of any registered family:
+    config.json and the weights in the first format the directory holds of model.safetensors,
+    flax_model.msgpack (families transformers had a Flax class for) and pytorch_model.bin, single
+    or sharded, each read without torch or transformers (`attn.encoders.weights`); float32 params
+    whatever the stored float dtype. `read(open_checkpoint(path))`, for a caller that wants the
+    checkpoint's record too (which file was read: `Checkpoint.weights`)."""
     ck = open_checkpoint(path)
+    return read(ck), ck.config
+
+
+def read(ck: Checkpoint) -> dict:
+    """The encoder's params from an opened checkpoint. Every stored tensor is placed by the
+    family's rules or skipped by name (buffers, task heads); a missing, unknown, wrongly shaped or
+    non-float tensor is collected and raised together in one `CheckpointError`, as is a file
+    that cannot be read. The parameter count is checked against the stored count and logged with
+    the file and what was skipped (logger "attn.encoders", INFO). A sequence classifier with its
+    head: `attn.encoder_classifier.load`."""
     fam, cfg = ck.family, ck.config
     skipped = [n for n in ck.names if fam.skip(n)]
-    params = hub.read(ck.directory, ck.tensors, ck.names, fam.rules(cfg), skipped, fam.init, cfg)
-    return params, cfg
+    return hub.read(ck.directory, ck.tensors, ck.names, fam.rules(cfg), skipped, fam.init, cfg)

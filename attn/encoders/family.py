@@ -82,6 +82,9 @@ class Family:
       returns as Q and K (X's projections, or those transformed by position, e.g. rotary).
     unsupported: `attn.attention` implementations its attention cannot run in -> why, in words
       (none by default); `attn.encoder_classifier.Config` refuses them in one line.
+    flax_layout: whether transformers had a Flax class for it, whose flax_model.msgpack its
+      rules read once the names are PyTorch's (`attn.encoders.weights`); a family without one
+      passes over a msgpack file.
     layer_keys(config) -> the params entry each depth reads, in order (`layer_keys`: one entry
       per depth, by default).
     """
@@ -104,6 +107,7 @@ class Family:
     steps_input: Callable[[Any, int], str]
     steps_qk: Callable[[Any, int], tuple[str, str]] = projected_qk
     unsupported: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
+    flax_layout: bool = False
     layer_keys: Callable[[Any], tuple[str, ...]] = layer_keys
 
 

@@ -1,4 +1,5 @@
-"""Reading a Hugging Face model directory (config.json + safetensors) into a params tree, by
+"""Reading a Hugging Face model directory (config.json + weight files in any format
+`attn.encoders.weights` reads) into a params tree, by
 explicit rules: the part of checkpoint loading that every encoder family shares.
 
 A family's rules map each stored tensor name (its prefix stripped) to where its values go:
@@ -27,12 +28,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from attn.encoders import weights
+
 __all__ = [
     "TOKENIZER_FILES",
     "CheckpointError",
     "Rule",
     "Stored",
     "config_json",
+    "files_read",
     "local_dir",
     "param_count",
     "read",
@@ -53,6 +57,9 @@ TOKENIZER_FILES = (
 )
 
 
+_FLOATS = ("F16", "F32", "F64", "BF16")
+
+
 class CheckpointError(ValueError):
     """A checkpoint directory that cannot be loaded; the message is one line naming every fault."""
 
@@ -70,7 +77,8 @@ class Rule:
 
 @dataclasses.dataclass(frozen=True)
 class Stored:
-    """A stored tensor's file, shape and safetensors dtype name ("F32", "BF16", "I64", ...)."""
+    """A stored tensor's file, shape and dtype, named as safetensors names them ("F32", "BF16",
+    "I64", ...) whatever the file's format."""
 
     file: pathlib.Path
     shape: tuple[int, ...]
@@ -85,8 +93,8 @@ def param_count(params: Any) -> int:
 def local_dir(path: str | os.PathLike, patterns: Iterable[str] = ()) -> pathlib.Path:
     """A local directory as is; a path that looks local (absolute, ./ or ../, ~, or an existing
     file) and is not a directory says so; anything else is a Hugging Face hub id, downloaded
-    with huggingface_hub when it is installed (config.json, the safetensors files, the
-    tokenizer files and `patterns`)."""
+    with huggingface_hub when it is installed (config.json, the tokenizer files, `patterns` and
+    the weights of the first format `weights.FORMATS` lists that the repository has)."""
     name = os.fspath(path)
     if os.path.isdir(name):
         return pathlib.Path(name)
@@ -101,22 +109,40 @@ def local_dir(path: str | os.PathLike, patterns: Iterable[str] = ()) -> pathlib.
             f"{name} is not a local directory, and huggingface_hub is not installed to download "
             "it from the hub: pip install huggingface_hub, or pass a directory"
         ) from None
-    wanted = [
-        "config.json",
-        "*.safetensors",
-        "model.safetensors.index.json",
-        *TOKENIZER_FILES,
-        *patterns,
-    ]
+    # One format's files, in weights.FORMATS' order: a hub repository often holds several.
+    first, *rest = weights.FORMATS
     try:
-        local = huggingface_hub.snapshot_download(repo_id=name, allow_patterns=wanted)
+        local = pathlib.Path(
+            huggingface_hub.snapshot_download(
+                repo_id=name,
+                allow_patterns=["config.json", *_patterns(first), *TOKENIZER_FILES, *patterns],
+            )
+        )
+        for fmt in rest:
+            if _has_weights(local):
+                break
+            huggingface_hub.snapshot_download(repo_id=name, allow_patterns=_patterns(fmt))
     except Exception as e:  # noqa: BLE001 (network, auth, a bad id: all one line here)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(
-            f"{name} is no local directory, and as a hub id its download failed ({first}); pass "
-            "a directory holding the model's files instead"
+            f"{name} is no local directory, and as a hub id its download failed ({first_line}); "
+            "pass a directory holding the model's files instead"
         ) from None
-    return pathlib.Path(local)
+    return local
+
+
+def _patterns(fmt: weights.Format) -> list[str]:
+    """A format's file names on the hub: the single file, its shards and their index."""
+    stem, suffix = fmt.single.rsplit(".", 1)
+    return [f"{stem}*.{suffix}", fmt.index]
+
+
+def _has_weights(directory: pathlib.Path) -> bool:
+    try:
+        weights.find(directory)
+    except weights.WeightError:
+        return False
+    return True
 
 
 def _looks_local(name: str) -> bool:
@@ -142,60 +168,27 @@ def config_json(directory: pathlib.Path) -> dict:
     return hf
 
 
-def _weight_files(directory: pathlib.Path) -> list[pathlib.Path]:
-    """The safetensors files of a model directory (one, or the shards an index names)."""
-    single = directory / "model.safetensors"
-    index = directory / "model.safetensors.index.json"
-    if single.is_file():
-        return [single]
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{index} is not a safetensors index: {e}") from None
-        shards = sorted(set(weight_map.values()))
-        missing = [s for s in shards if not (directory / s).is_file()]
-        if missing:
-            raise CheckpointError(f"{directory}: shards named by its index are missing: {missing}")
-        return [directory / s for s in shards]
-    others = [
-        n
-        for n in ("pytorch_model.bin", "flax_model.msgpack", "tf_model.h5")
-        if (directory / n).exists()
-    ]
-    if others:
-        raise CheckpointError(
-            f"{directory} has {', '.join(others)} but no model.safetensors, and attn reads only "
-            "safetensors (no torch): convert it once with transformers, "
-            "AutoModel.from_pretrained(DIR).save_pretrained(OUT, safe_serialization=True)"
-        )
-    raise CheckpointError(f"{directory} has no model.safetensors (nor a sharded index)")
-
-
-def _safe_open():
-    try:
-        from safetensors import safe_open
-    except ImportError:
-        raise CheckpointError(
-            "reading a checkpoint needs safetensors: pip install safetensors (or attn[bert])"
-        ) from None
-    return safe_open
-
-
-def stored(directory: pathlib.Path) -> dict[str, Stored]:
-    """Every tensor's name, file, shape and dtype, from the safetensors headers (nothing loaded)."""
-    safe_open = _safe_open()
+def stored(directory: pathlib.Path, msgpack: bool = True) -> dict[str, Stored]:
+    """Every tensor's name, file, shape and dtype, from the weight files' headers (the first
+    format of `weights.FORMATS` the directory holds; `msgpack=False` passes over the Flax
+    layout): nothing loaded but a .bin's pickle or a msgpack file."""
     out: dict[str, Stored] = {}
-    for file in _weight_files(directory):
-        try:
-            with safe_open(os.fspath(file), framework="numpy") as f:
-                for key in f.keys():
-                    sl = f.get_slice(key)
-                    out[key] = Stored(file, tuple(sl.get_shape()), sl.get_dtype())
-        except (OSError, ValueError, RuntimeError) as e:  # safetensors raises its own errors
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise CheckpointError(f"{file} is not a readable safetensors file: {first}") from None
+    try:
+        _, files = weights.find(directory, msgpack=msgpack)
+        for file in files:
+            with weights.open_file(file) as f:
+                for key in f.names():
+                    out[key] = Stored(file, f.shape(key), f.dtype(key))
+    except weights.WeightError as e:
+        raise CheckpointError(str(e)) from None
     return out
+
+
+def files_read(tensors: Mapping[str, Stored]) -> str:
+    """The weight files `tensors` come from, for messages: "pytorch_model.bin", or the first
+    shard's name and how many there are."""
+    files = sorted({t.file.name for t in tensors.values()})
+    return files[0] if len(files) == 1 else f"{files[0]} and {len(files) - 1} more shards"
 
 
 @functools.lru_cache(maxsize=32)
@@ -256,40 +249,43 @@ def read(
         want = _stored_shape(rules[name], shapes)
         if t.shape != want:
             problems.append(f"tensor {key} has shape {t.shape} where config.json implies {want}")
-        if t.dtype[0] not in "FB":  # F16, F32, F64, BF16
+        if t.dtype not in _FLOATS:
             problems.append(f"tensor {key} has dtype {t.dtype}, not a float parameter")
     covered = {r.path for parts in rules.values() for r in parts}
     problems += [f"no rule fills params {'.'.join(p)}" for p in sorted(set(shapes) - covered)]
     if problems:
         raise CheckpointError(f"cannot load {where}: {'; '.join(problems)}")
 
-    safe_open = _safe_open()
     params: dict[str, Any] = {}
     by_file: dict[pathlib.Path, list[str]] = {}
     for name in rules:
         by_file.setdefault(tensors[names[name]].file, []).append(name)
     stored_values = 0
-    for file, file_names in by_file.items():
-        with safe_open(os.fspath(file), framework="numpy") as f:
-            for name in file_names:
-                x = np.asarray(f.get_tensor(names[name]), np.float32)
-                stored_values += x.size
-                for r in rules[name]:
-                    part = x if r.rows is None else x[r.rows[0] : r.rows[1]]
-                    node = params
-                    for key in r.path[:-1]:
-                        node = node.setdefault(key, {})
-                    node[r.path[-1]] = jnp.asarray(part.T if r.transpose else part)
+    try:
+        for file, file_names in by_file.items():
+            with weights.open_file(file) as f:
+                for name in file_names:
+                    x = np.asarray(f.get(names[name]), np.float32)
+                    stored_values += x.size
+                    for r in rules[name]:
+                        part = x if r.rows is None else x[r.rows[0] : r.rows[1]]
+                        node = params
+                        for key in r.path[:-1]:
+                            node = node.setdefault(key, {})
+                        node[r.path[-1]] = jnp.asarray(part.T if r.transpose else part)
+    except weights.WeightError as e:
+        raise CheckpointError(str(e)) from None
     count = param_count(params)
     if count != stored_values or count != sum(int(np.prod(s)) for s in shapes.values()):
         raise CheckpointError(f"{where}: loaded {count} values, stored {stored_values}")
     left = sorted(names[n] for n in skipped if n in names)
     left_values = sum(int(np.prod(tensors[k].shape)) for k in left)
     _log.info(
-        "%s: %s parameters in %d tensors, the stored count; skipped %s",
+        "%s: %s parameters in %d tensors of %s, the stored count; skipped %s",
         where,
         f"{count:,}",
         len(rules),
+        files_read(tensors),
         f"{', '.join(left)} ({left_values:,} values)" if left else "nothing",
     )
     return params

@@ -61,10 +61,10 @@ def load_pretrained(path: str) -> Trained:
     as transformers truncates; UserError in one line for what that load refuses."""
     try:
         params, cfg, names = encoder_classifier.load(path)
-        directory = encoders.open_checkpoint(path).directory
+        ck = encoders.open_checkpoint(path)
     except encoders.CheckpointError as e:
         raise UserError(f"--pretrained: {e}") from None
-    tok = checkpoint_tokenizer.CheckpointTokenizer(directory)
+    tok = checkpoint_tokenizer.CheckpointTokenizer(ck.directory)
     config = finetune.get_config()
     with config.unlocked():
         config.model.pretrained = str(path)
@@ -73,7 +73,7 @@ def load_pretrained(path: str) -> Trained:
         config.data.tail_len = 0
         # Doubling lengths: a new text length compiles at most log2(max_len) programs.
         config.data.buckets = tuple(1 << k for k in range(4, cfg.max_len.bit_length()))
-    source = f"the sequence classifier {str(path)!r} as it is (no workdir)"
+    source = f"the sequence classifier {str(path)!r} ({ck.weights}) as it is (no workdir)"
     return Trained(config, cfg, params, tok, names, 0, source)
 
 

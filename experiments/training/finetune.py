@@ -36,6 +36,7 @@ class Pretrained:
     params: dict
     encoder: Any  # the family's config (`attn.encoders`)
     tokenizer: checkpoint_tokenizer.CheckpointTokenizer
+    weights: str  # the weight file read ("model.safetensors", "pytorch_model.bin", ...)
     random: bool = False  # model.pretrained_init=random: its architecture, random weights
 
     @property
@@ -47,7 +48,8 @@ class Pretrained:
         e = self.encoder
         start = "training from random weights" if self.random else "fine-tuning"
         return (
-            f"{start} {self.directory}: {encoders.family(e).name}, {e.num_layers} layers, "
+            f"{start} {self.directory} ({self.weights}): {encoders.family(e).name}, "
+            f"{e.num_layers} layers, "
             f"d_model {e.d_model}, {e.num_heads} heads, "
             f"{encoders.param_count(self.params):,} parameters, vocabulary {e.vocab_size}, "
             f"dropout {e.dropout}/{e.attention_dropout} (its own)"
@@ -59,7 +61,8 @@ def load(config: ml_collections.ConfigDict) -> Pretrained:
     tok = checkpoint_tokenizer.for_config(config)
     directory = config.model.pretrained
     try:
-        params, enc = encoders.load(directory)
+        ck = encoders.open_checkpoint(directory)
+        params, enc = encoders.read(ck), ck.config
     except encoders.CheckpointError as e:
         raise UserError(f"model.pretrained: {e}") from None
     keep = config.model.pretrained_layers
@@ -74,7 +77,8 @@ def load(config: ml_collections.ConfigDict) -> Pretrained:
             f"model.pretrained={directory!r}: its tokenizer has {tok.vocab_size} ids but the "
             f"encoder's table only {enc.vocab_size} rows"
         )
-    return Pretrained(directory, params, enc, tok, config.model.pretrained_init == "random")
+    random = config.model.pretrained_init == "random"
+    return Pretrained(directory, params, enc, tok, ck.weights, random)
 
 
 def model_config(

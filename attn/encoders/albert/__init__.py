@@ -23,5 +23,6 @@ FAMILY = Family(
     head=head.HEAD,
     score="scaled_dot",
     steps_input=model.steps_input,
+    flax_layout=True,  # transformers had a Flax class: flax_model.msgpack maps by its rules
     layer_keys=model.layer_keys,
 )

@@ -36,6 +36,13 @@ albert it writes, next to this file:
                            [L, L] int32: build_relative_position's i - j (log-bucketed where
                            position_buckets > 0), before attention clamps it to its span.
 
+Every tiny_* directory also holds the same weights as pytorch_model.bin (save_pretrained with
+safe_serialization=False) and, for the types transformers had Flax classes for (bert, roberta,
+xlm-roberta, distilbert, electra, albert), as flax_model.msgpack (transformers' Flax model
+converted from PyTorch); formats/ holds tiny_bert's weights written the other ways a checkpoint
+comes: bfloat16 and float16 .bin, sharded .bin and msgpack with their index, torch's legacy
+(pre-zip) format.
+
 plus tiny_deberta-v2-variant/ and its golden (no classifier): the other DeBERTa-v2 code paths
 (separate position projections, c2p only, absolute positions added, plain clipping of i - j, no
 LayerNorm on the relative embeddings, token types). versions.json records the library versions.
@@ -59,6 +66,7 @@ import tempfile
 import zipfile
 from collections.abc import Callable
 
+import flax
 import numpy as np
 import safetensors
 import sentencepiece as spm
@@ -606,6 +614,81 @@ def write_family(name: str, seed: int) -> list[str]:
     return written
 
 
+# The model types transformers had Flax classes for: their directories also get flax_model.msgpack.
+FLAX = ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "albert")
+
+
+def bin_and_msgpack(directory: str, flax: bool) -> list[str]:
+    """The same weights in the two other formats hub checkpoints ship, beside model.safetensors:
+    pytorch_model.bin (save_pretrained(safe_serialization=False)) and, for a type with a Flax
+    class, flax_model.msgpack (its Flax model converted from PyTorch by transformers)."""
+    written = []
+    clf = directory.endswith("_classifier")
+    auto = transformers.AutoModelForSequenceClassification if clf else transformers.AutoModel
+    with tempfile.TemporaryDirectory() as work:
+        auto.from_pretrained(directory).save_pretrained(work, safe_serialization=False)
+        shutil.copy(os.path.join(work, "pytorch_model.bin"), directory)
+        written.append(os.path.join(directory, "pytorch_model.bin"))
+    if flax:
+        flax_auto = (
+            transformers.FlaxAutoModelForSequenceClassification
+            if clf
+            else transformers.FlaxAutoModel
+        )
+        with tempfile.TemporaryDirectory() as work:
+            flax_auto.from_pretrained(directory, from_pt=True).save_pretrained(work)
+            shutil.copy(os.path.join(work, "flax_model.msgpack"), directory)
+            written.append(os.path.join(directory, "flax_model.msgpack"))
+    return written
+
+
+def write_formats() -> list[str]:
+    """Every tiny model's weights as .bin (and msgpack where a Flax class existed), and
+    formats/ with tiny_bert's in the other ways a file can be written: bfloat16 and float16
+    storages, sharded .bin and msgpack (with their index), and torch's legacy (pre-zip) format.
+    Each has tiny_bert's config.json and nothing else."""
+    written = []
+    for name in sorted(os.listdir(OUT)):
+        path = os.path.join(OUT, name)
+        if name.startswith("tiny_") and os.path.isdir(path):
+            model_type = json.load(open(os.path.join(path, "config.json")))["model_type"]
+            written += bin_and_msgpack(path, model_type in FLAX)
+    source = os.path.join(OUT, "tiny_bert")
+    formats = os.path.join(OUT, "formats")
+    shutil.rmtree(formats, ignore_errors=True)
+    bert = lambda: transformers.BertModel.from_pretrained(source)  # noqa: E731 (fresh each time)
+    flax_model = transformers.FlaxBertModel.from_pretrained(source)  # its flax_model.msgpack
+    for name, save in (
+        (
+            "bfloat16",
+            lambda d: bert().to(torch.bfloat16).save_pretrained(d, safe_serialization=False),
+        ),
+        (
+            "float16",
+            lambda d: bert().to(torch.float16).save_pretrained(d, safe_serialization=False),
+        ),
+        (
+            "sharded_bin",
+            lambda d: bert().save_pretrained(d, safe_serialization=False, max_shard_size="40KB"),
+        ),
+        ("sharded_msgpack", lambda d: flax_model.save_pretrained(d, max_shard_size="40KB")),
+        (
+            "legacy",
+            lambda d: torch.save(
+                bert().state_dict(),
+                os.path.join(d, "pytorch_model.bin"),
+                _use_new_zipfile_serialization=False,
+            ),
+        ),
+    ):
+        directory = os.path.join(formats, name)
+        os.makedirs(directory)
+        save(directory)
+        shutil.copy(os.path.join(source, "config.json"), directory)
+        written.append(directory)
+    return written
+
+
 def size(path: str) -> int:
     if os.path.isfile(path):
         return os.path.getsize(path)
@@ -622,6 +705,7 @@ def main() -> None:
     written = []
     for seed, name in enumerate(TOKENIZERS, start=1):
         written += write_family(name, seed)
+    written += write_formats()
     total = 0
     for path in written:
         total += size(path)
@@ -635,6 +719,7 @@ def main() -> None:
         "tokenizers": tokenizers.__version__,
         "sentencepiece": spm.__version__,
         "safetensors": safetensors.__version__,
+        "flax": flax.__version__,
         "numpy": np.__version__,
         "protobuf": google.protobuf.__version__,
         "float32_matmul_precision": "highest",
