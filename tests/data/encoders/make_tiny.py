@@ -47,7 +47,8 @@ plus tiny_deberta-v2-variant/ and its golden (no classifier): the other DeBERTa-
 (separate position projections, c2p only, absolute positions added, plain clipping of i - j, no
 LayerNorm on the relative embeddings, token types). versions.json records the library versions.
 Every draw has a fixed seed and every file is written byte for byte the same on a rerun with the
-same versions on the same CPU; on another CPU the checkpoints and tokenizer files still are, but
+same versions on the same CPU, but formats/legacy's .bin (torch's legacy format keys each storage
+by its memory address); on another CPU the checkpoints and tokenizer files still are, but
 PyTorch's kernels round the goldens' outputs differently (by up to 3e-6 in float32 and 6e-7 in
 modernbert's float64 on an AMD EPYC, against the files here), so keep the committed goldens of
 families you did not change. Before writing a golden each directory is reloaded with
