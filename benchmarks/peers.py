@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from attn import bert, encoder_classifier
+from attn import bert, encoder_classifier, encoders
 from benchmarks import config_file, timing
 from experiments.data import chosen
 from experiments.errors import UserError
@@ -117,6 +117,9 @@ def recipe_config(bert_dir: str, max_len: int):
     config.data.max_len = max_len
     config.optim.warmup_steps = round(0.075 * TOTAL_STEPS)  # chosen.choose's rule
     config.optim.ema_decay = chosen.ema_decay(TOTAL_STEPS)
+    config.optim.learning_rate = chosen.learning_rate(
+        encoders.open_checkpoint(bert_dir).config.d_model
+    )
     return config
 
 

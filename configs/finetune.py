@@ -17,12 +17,14 @@ sizes, positions, embedding dropout and score, so overriding model.num_layers an
 refused (model.pretrained_layers=N keeps the first N layers). The length (the 95th percentile in
 the checkpoint's tokens, [CLS] and [SEP] included), the tail a longer text keeps (3/4), the epochs
 (about 30,000 examples seen, 2 to 4), warmup (7.5%), the evaluation interval and the weight
-average's decay are chosen from the training split as configs/csv.py chooses them, printed when
-the run starts and recorded in config.json. AdamW at 1e-4 (no decay on biases and LayerNorm),
-linear warmup and linear decay to 0, weight decay 0.01, batch 32, the checkpoint's own dropout in
-the encoder; evaluated and served as a running average of the weights (optim.ema_decay 0.99,
-about the last 100 steps: higher mean best validation than without it over seeds 0, 1 and 2 of
-an 810-step run; a run under 800 steps averages over its last eighth); early stopping after 3
+average's decay are chosen from the training split as configs/csv.py chooses them, and the peak
+learning rate from the encoder's width (1e-4 up to d_model 512, as chosen on validation for
+all-MiniLM-L6-v2 and m3e-small; 2e-5 for base encoders, 1e-5 for large ones, as their papers tune
+them), printed when the run starts and recorded in config.json. AdamW (no decay on biases and
+LayerNorm), linear warmup and linear decay to 0, weight decay 0.01, batch 32, the checkpoint's own
+dropout in the encoder; evaluated and served as a running average of the weights (optim.ema_decay
+0.99, about the last 100 steps: higher mean best validation than without it over seeds 0, 1 and 2
+of an 810-step run; a run under 800 steps averages over its last eighth); early stopping after 3
 evaluations without a better validation accuracy; the TF-IDF baseline beside it.
 optim.layer_decay < 1 gives each lower layer a smaller learning rate (off by default).
 
@@ -70,7 +72,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # What the checkpoint's encoder does not have (fields.PRETRAINED_OFF).
         config.model.ngram_buckets = 0
         config.optim.adversarial_eps = 0.0
-        config.optim.learning_rate = 1e-4  # for a small encoder (MiniLM); BERT-base: 2e-5
+        config.optim.learning_rate = -1.0  # by the encoder's width (experiments/data/chosen.py)
         config.optim.schedule = "linear"
         config.optim.weight_decay = 0.01
         config.train.patience = 3

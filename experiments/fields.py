@@ -236,8 +236,9 @@ FIELDS: dict[str, Field] = {
         before="",
     ),
     "optim.learning_rate": Field(
-        "AdamW peak learning rate",
-        check=number(lambda v: v > 0, "> 0"),
+        "AdamW peak learning rate; -1 = from a pretrained encoder's width (fine-tuning)",
+        check=number(lambda v: v > 0 or v == -1, "> 0 (or -1: from the encoder's width)"),
+        auto=-1,
     ),
     "optim.warmup_steps": Field(
         "linear warmup steps before the cosine decay; -1 = from the data",

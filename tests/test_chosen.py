@@ -133,8 +133,42 @@ def test_a_fine_tune_chooses_its_average_from_its_length(tmp_path, capsys):
         config.data.path = _write(tmp_path / "en.csv", 400, _EN)
         config.model.pretrained = "unused"  # the choice reads the data, not the checkpoint
         config.data.tokenizer, config.data.max_len, config.data.tail_len = "word", 32, 24
+        config.optim.learning_rate = 1e-4  # the width's rule would read the checkpoint
     out = chosen.resolve(config)
     n_train = len(datasets.load_splits(out.data, ("train",))["train"][0])
     steps = out.train.num_epochs * -(-n_train // out.data.batch_size)
     assert out.optim.ema_decay == pytest.approx(1 - 8 / steps) and steps < 800
     assert f"ema_decay={out.optim.ema_decay:.3g}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "d_model, want",
+    [(32, 1e-4), (384, 1e-4), (512, 1e-4), (768, 2e-5), (1024, 1e-5), (2048, 1e-5)],
+)
+def test_the_learning_rate_follows_the_encoders_width(d_model, want):
+    """MiniLM (384) and m3e-small (512) as chosen on validation; base and large as published."""
+    assert chosen.learning_rate(d_model) == want
+
+
+def test_a_fine_tune_chooses_its_learning_rate_from_its_checkpoint(tmp_path, capsys):
+    from conftest import ROOT
+
+    from configs import finetune
+
+    config = finetune.get_config()
+    with config.unlocked():
+        config.data.path = _write(tmp_path / "en.csv", 40, _EN)
+        config.model.pretrained = str(ROOT / "tests" / "data" / "bert" / "tiny_bert")
+        config.data.max_len, config.data.tail_len = 32, 24
+    assert config.optim.learning_rate == -1
+    out = chosen.resolve(config)
+    assert out.optim.learning_rate == 1e-4
+    assert "learning_rate=0.0001 (d_model 32)" in capsys.readouterr().err
+
+
+def test_a_learning_rate_from_the_width_needs_a_pretrained_encoder(tmp_path):
+    from experiments.errors import UserError
+
+    config = _config(_write(tmp_path / "en.csv", 40, _EN), optim__learning_rate=-1)
+    with pytest.raises(UserError, match="optim.learning_rate=-1 is chosen from a pretrained"):
+        chosen.resolve(config)

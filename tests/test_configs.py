@@ -36,9 +36,10 @@ def test_variants_load_and_make_a_valid_model(name, tmp_path):
             with config.unlocked():
                 config.model.pretrained = str(ROOT / "tests" / "data" / "bert" / "tiny_bert")
         if fields.left_to_data(config):  # csv.py and imdb.py leave some fields to the data
-            with config.unlocked():
-                imdb = config.data.dataset == "imdb_reviews"
-                config.data.path = str(tmp_path / "aclImdb" if imdb else reviews)
+            if config.data.dataset in ("file", "imdb_reviews"):  # sst2: only the learning rate
+                with config.unlocked():
+                    imdb = config.data.dataset == "imdb_reviews"
+                    config.data.path = str(tmp_path / "aclImdb" if imdb else reviews)
             config = chosen.resolve(config)
         fields.check(config)
         cfg = fields.model_config(config, vocab_size=100, num_classes=2)

@@ -51,7 +51,7 @@ def test_an_unknown_or_missing_field_is_refused_by_name():
 @pytest.mark.parametrize(
     "name, value, fragment",
     [
-        ("optim.learning_rate", 0.0, "> 0"),
+        ("optim.learning_rate", 0.0, "> 0 (or -1: from the encoder's width)"),
         ("optim.warmup_steps", -2, "an integer >= 0 (or -1: from the data)"),
         ("optim.label_smoothing", 1.0, "in [0, 1)"),
         ("optim.ema_decay", 1.0, "in [0, 1) (0 = no running average; -1: from the data)"),

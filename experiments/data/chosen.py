@@ -23,6 +23,7 @@ in `config.json`; a field set to anything else is kept as given. The rules:
 - ema_decay: 0.99 (an average over about the last 100 steps, as measured on an 810-step
   fine-tune), or for a run under 800 steps 1 - 8/steps, so that the average spans about its last
   eighth and does not reach back into the warmup.
+- learning_rate (fine-tuning a pretrained encoder): by the encoder's width, `learning_rate`.
 """
 
 import math
@@ -32,8 +33,10 @@ import sys
 import ml_collections
 import numpy as np
 
+from attn import encoders
 from experiments import fields
 from experiments.data import batching, checkpoint_tokenizer, datasets, tokenizers
+from experiments.errors import UserError
 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
 _SAMPLE = 5000  # texts looked at for the script and the lengths: enough for a 95th percentile
@@ -53,11 +56,18 @@ def choose(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDict
     auto = fields.left_to_data(config)
     if not auto:
         return config, ""
-    texts = datasets.load_splits(config.data, ("train",))["train"][0]
     out = ml_collections.ConfigDict(config.to_dict())
     d = out.data
-    sample = texts[:: max(1, len(texts) // _SAMPLE)]
     said = []
+    if "optim.learning_rate" in auto:  # the checkpoint's, not the data's: read no texts for it
+        width = _encoder_width(out)
+        out.optim.learning_rate = learning_rate(width)
+        said.append(f"learning_rate={out.optim.learning_rate:g} (d_model {width})")
+    if auto <= {"optim.learning_rate"}:
+        out.lock()
+        return out, f"chosen: {', '.join(said)}"
+    texts = datasets.load_splits(config.data, ("train",))["train"][0]
+    sample = texts[:: max(1, len(texts) // _SAMPLE)]
     if "data.tokenizer" in auto:
         share = cjk_share(sample)
         d.tokenizer = "char" if share > 0.3 else "word"
@@ -106,6 +116,33 @@ def choose(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDict
             said.append(f"checkpoint_every_steps={t.checkpoint_every_steps}")
     out.lock()
     return out, f"chosen from the data: {', '.join(said)}"
+
+
+# Peak fine-tuning learning rate by the encoder's width (d_model) up to which it holds. Up to 512,
+# chosen on validation among 5e-5, 1e-4 and 2e-4 for all-MiniLM-L6-v2 (384) on English review
+# sentences and m3e-small (512) on the embedded Chinese reviews (`python -m benchmarks finetune`,
+# `chinese`); base encoders (768): 2e-5, the rate the BERT paper's search (5e-5 to 2e-5) and
+# transformers' examples use for BERT-base; large ones (1024 and wider): 1e-5, RoBERTa-large's.
+LEARNING_RATES = ((512, 1e-4), (768, 2e-5))
+LARGE_RATE = 1e-5
+
+
+def learning_rate(d_model: int) -> float:
+    """The fine-tuning learning rate for an encoder of width `d_model` (LEARNING_RATES)."""
+    return next((lr for width, lr in LEARNING_RATES if d_model <= width), LARGE_RATE)
+
+
+def _encoder_width(config: ml_collections.ConfigDict) -> int:
+    """model.pretrained's d_model, from its config.json and weight headers."""
+    if not config.model.get("pretrained"):
+        raise UserError(
+            "optim.learning_rate=-1 is chosen from a pretrained encoder's width: set "
+            "model.pretrained, or give attn's own model a rate"
+        )
+    try:
+        return encoders.open_checkpoint(config.model.pretrained).config.d_model
+    except encoders.CheckpointError as e:
+        raise UserError(f"model.pretrained: {e}") from None
 
 
 def ema_decay(total_steps: int) -> float:
