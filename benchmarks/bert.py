@@ -16,13 +16,14 @@ import json
 import os
 import statistics
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from attn import bert, layers, pooling, reference
+from attn import bert, encoders, layers, pooling, reference
 from attn.attention import Attention, attention
 from benchmarks import timing
 
@@ -61,20 +62,22 @@ def step_flops(cfg: bert.Config, batch: int, length: int) -> float:
     return 3.0 * (dense + scores_and_mix)
 
 
-def init_state(key: jax.Array, cfg: bert.Config, tx) -> dict:
+def init_state(key: jax.Array, cfg: Any, tx) -> dict:
+    """Random params of `cfg`'s encoder (any family's config) and a linear head, and tx's state."""
     k_enc, k_head = jax.random.split(key)
     params = {
-        "encoder": bert.init(k_enc, cfg),
+        "encoder": encoders.init(k_enc, cfg),
         "head": layers.dense_init(k_head, cfg.d_model, 2),
     }
     return {"params": params, "opt": tx.init(params)}
 
 
-def train_step(state: dict, batch: dict, rng: jax.Array, *, cfg: bert.Config, attend, tx):
-    """One fine-tuning step: mean-pooled states -> linear head -> cross-entropy; AdamW."""
+def train_step(state: dict, batch: dict, rng: jax.Array, *, cfg: Any, attend, tx):
+    """One fine-tuning step of any family's encoder: mean-pooled states -> linear head ->
+    cross-entropy; AdamW."""
 
     def loss_fn(params):
-        h_BxLxD = bert.encode(
+        h_BxLxD = encoders.encode(
             params["encoder"], cfg, batch["ids"], batch["mask"], attend=attend, train=True,
             rng=rng,
         )  # fmt: skip
@@ -96,7 +99,7 @@ def make_batch(cfg: bert.Config, batch: int, length: int, seed: int = 0) -> dict
     }
 
 
-def compile_steps(cfg: bert.Config, attends: dict, batch: dict, tx, state: dict) -> dict:
+def compile_steps(cfg: Any, attends: dict, batch: dict, tx, state: dict) -> dict:
     """name -> (compiled step, compile seconds, XLA temp bytes)."""
     rng = jax.random.key(1)
     out = {}

@@ -12,18 +12,15 @@ against the BERT step of its size instead, which prices the relative-position te
 """
 
 import dataclasses
-import functools
 import statistics
-import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
-from attn import encoders, layers, pooling
+from attn import encoders
 from attn.attention import Attention
-from benchmarks import timing
+from benchmarks import bert, timing
 
 # family -> the hub model whose size its config's defaults are.
 MODELS = {
@@ -32,6 +29,7 @@ MODELS = {
     "electra": "google/electra-base-discriminator",
     "modernbert": "answerdotai/ModernBERT-base",
     "deberta-v2": "microsoft/deberta-v3-base",
+    "albert": "albert-base-v2",
 }
 LENGTH, BATCH = 128, 8
 XLA = "jax.nn"
@@ -57,38 +55,12 @@ def base_config(name: str, quick: bool):
     return dataclasses.replace(cfg, **tiny, attention_dropout=0.0)
 
 
-def _train_step(state: dict, batch: dict, rng: jax.Array, *, cfg, attend, tx):
-    def loss_fn(params):
-        h_BxLxD = encoders.encode(
-            params["encoder"], cfg, batch["ids"], batch["mask"], attend=attend, train=True,
-            rng=rng,
-        )  # fmt: skip
-        pooled_BxD = jax.vmap(pooling.mean_pool)(h_BxLxD, batch["mask"])
-        logits_BxC = layers.dense(params["head"], pooled_BxD.astype(jnp.float32))
-        return optax.softmax_cross_entropy_with_integer_labels(logits_BxC, batch["label"]).mean()
-
-    loss, grads = jax.value_and_grad(loss_fn)(state["params"])
-    updates, opt = tx.update(grads, state["opt"], state["params"])
-    return {"params": optax.apply_updates(state["params"], updates), "opt": opt}, loss
-
-
 def _compiled(cfg, attend, batch: dict, tx) -> tuple:
-    """(the step bound to fresh state, compile seconds, XLA temp bytes, param count)."""
-    k_enc, k_head = jax.random.split(jax.random.key(0))
-    params = {
-        "encoder": encoders.init(k_enc, cfg),
-        "head": layers.dense_init(k_head, cfg.d_model, 2),
-    }
-    state = {"params": params, "opt": tx.init(params)}
-    step = jax.jit(functools.partial(_train_step, cfg=cfg, attend=attend, tx=tx))
-    rng = jax.random.key(1)
-    start = time.perf_counter()
-    compiled = step.lower(state, batch, rng).compile()
-    seconds = time.perf_counter() - start
-    analysis = compiled.memory_analysis()
-    temp = int(analysis.temp_size_in_bytes) if analysis is not None else 0
-    run = functools.partial(compiled, state, batch, rng)
-    return run, seconds, temp, encoders.param_count(params)
+    """(`benchmarks.bert`'s step bound to fresh state, compile seconds, XLA temp bytes, param
+    count)."""
+    state = bert.init_state(jax.random.key(0), cfg, tx)
+    ((run, seconds, temp),) = bert.compile_steps(cfg, {"": attend}, batch, tx, state).values()
+    return run, seconds, temp, encoders.param_count(state["params"])
 
 
 def _batch(cfg, batch: int, length: int) -> dict:

@@ -265,7 +265,7 @@ def test_an_unsupported_config_is_refused_naming_what_is_supported(tmp_path, con
     message = _refusal(_variant(tmp_path, config=config))
     assert named in message
     if "model_type 'gpt2'" in message:
-        assert "attn reads bert, " in message and "roberta" in message
+        assert "attn reads albert, bert, " in message and "roberta" in message
     if "architecture" in message:
         assert "BertModel, " in message and "BertForSequenceClassification" in message
 

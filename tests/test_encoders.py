@@ -8,6 +8,7 @@ each, then evaluate, predict and visualize --steps serve the workdir.
 Family-specific checks (options refused, positions, windows, disentangled scores) live in each
 family's own test file."""
 
+import ast
 import dataclasses
 import json
 import pathlib
@@ -208,3 +209,27 @@ def test_gradient_times_input_is_taken_where_it_is_not_zero_by_construction(name
         scores = np.asarray(attn.importance.gradient(params, tokens, cfg))
     real = g["mask"] > 0
     assert np.abs(scores[real]).max() > 1e-3 and (scores[~real] == 0).all()
+
+
+def test_no_family_imports_another():
+    """Each family is a peer: its modules import the registry's shared modules (blocks, rules,
+    fields, heads, hub, family) and their own subpackage, never another family's."""
+    root = ROOT / "attn" / "encoders"
+    packages = {p.name for p in root.iterdir() if (p / "__init__.py").is_file()}
+    assert {"bert", "albert", "deberta"} <= packages
+    crossing = []
+    for package in sorted(packages):
+        for path in sorted((root / package).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    named = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                elif isinstance(node, ast.Import):
+                    named = [a.name for a in node.names]
+                else:
+                    continue
+                for name in named:
+                    parts = name.split(".")
+                    if parts[:2] == ["attn", "encoders"] and len(parts) > 2:
+                        if parts[2] in packages and parts[2] != package:
+                            crossing.append(f"{package}/{path.name} imports {name}")
+    assert not crossing, crossing

@@ -55,7 +55,7 @@ def _probabilities(params, cfg, tok, text) -> np.ndarray:
     return np.asarray(jax.nn.softmax(logits))[0]
 
 
-@pytest.mark.parametrize("name", ["bert", "roberta", "modernbert", "deberta-v2"])
+@pytest.mark.parametrize("name", ["bert", "roberta", "modernbert", "deberta-v2", "albert"])
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 def test_the_exported_directory_reads_back_as_the_same_classifier(tmp_path, name, pooling):
     model = _model(name, pooling)
@@ -205,7 +205,7 @@ def test_the_model_card_says_the_labels_the_test_accuracy_and_how_to_load():
     assert "Not measured" in cls
 
 
-@pytest.mark.parametrize("name", ["roberta", "deberta-v2"])
+@pytest.mark.parametrize("name", ["roberta", "deberta-v2", "albert"])
 def test_predict_serves_a_hub_classifier_directory_with_no_workdir(name, capsys):
     """predict --pretrained on a ...ForSequenceClassification directory: its labels, and the
     probabilities of its own head on the ids transformers' tokenizer gives (the golden file's;

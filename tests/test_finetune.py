@@ -417,7 +417,7 @@ def test_a_fine_tune_fits_its_tfidf_baseline_on_the_texts_words(csv, tmp_path, c
 
 
 def test_layer_decay_and_the_linear_schedule():
-    scales = finetune.layer_scales(num_layers=2, decay=0.5)
+    scales = finetune.layer_scales(("layer_0", "layer_1"), decay=0.5)
     params = {
         "encoder": {
             "embed": {"t": 0},
@@ -434,7 +434,10 @@ def test_layer_decay_and_the_linear_schedule():
         "layer_1": {"w": 0.5},
         "pooler": {"w": 1.0},
     }
-    assert got["head"] == {"w": 1.0} and finetune.layer_scales(2, 1.0) is None
+    assert got["head"] == {"w": 1.0} and finetune.layer_scales(("layer_0",), 1.0) is None
+    # One entry read at all 3 depths (ALBERT's shared layer) learns at the top depth's factor.
+    shared = finetune.layer_scales(("layer_0",) * 3, decay=0.5)(params)["encoder"]
+    assert shared["embed"] == {"t": 0.0625} and shared["layer_0"] == {"w": 0.5}
     config = finetune_config.get_config("tiny")
     lr = config.optim.learning_rate
     schedule = optim._schedule(config.optim, lr, warmup=2, total=10)
@@ -445,7 +448,7 @@ def test_layer_decay_scales_each_layers_update(csv, tmp_path):
     """Through make_optimizer: one Adam step moves layer 0 by decay**2 of what the head moves
     (Adam's first step is lr * sign, so the ratio is the factor)."""
     config = _config(csv, optim__layer_decay=0.5, optim__weight_decay=0.0, optim__warmup_steps=0)
-    scales = finetune.layer_scales(2, 0.5)
+    scales = finetune.layer_scales(("layer_0", "layer_1"), 0.5)
     tx = optim.make_optimizer(config.optim, 10, finetune.warm, scales)
     params = {
         "encoder": {"layer_0": {"w": np.zeros(3, np.float32)}},

@@ -11,7 +11,8 @@ asks `family(cfg)` or `family(name)`, never the type of a config. `load` reads c
 model_type, picks the family, and maps every stored tensor by the family's rules
 (`attn.encoders.hub`).
 
-Token ids are the checkpoint's own; mask is True (or 1) on real tokens.
+Token ids are the checkpoint's own; the mask is bool, True on real tokens (an int mask is
+refused, as jax.nn refuses it: pass mask != 0).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from typing import Any
 import jax
 
 from attn.attention import attention
+from attn.encoders import family as _family
 from attn.encoders import heads, hub
-from attn.encoders.family import Family, first_layers
+from attn.encoders.family import Family
 from attn.encoders.hub import CheckpointError, Rule, param_count
 
 __all__ = [
@@ -53,6 +55,7 @@ _PACKAGES = (
     "electra",
     "modernbert",
     "deberta",
+    "albert",
 )
 FAMILIES: dict[str, Family] = {
     f.name: f for f in (importlib.import_module(f"attn.encoders.{p}").FAMILY for p in _PACKAGES)
@@ -83,6 +86,13 @@ def family(cfg_or_name: Any) -> Family:
 def model_types() -> str:
     """The config.json model_type values `load` reads, for messages."""
     return ", ".join(sorted(_BY_MODEL_TYPE))
+
+
+def first_layers(params: dict, cfg: Any, n: int) -> tuple[dict, Any]:
+    """The encoder of `cfg`'s first n depths (`attn.encoders.family.first_layers` with the
+    family's layer_keys): (params without what only deeper depths read, cfg with num_layers=n);
+    n=0 keeps the embeddings alone."""
+    return _family.first_layers(params, cfg, n, family(cfg).layer_keys)
 
 
 def init(key: jax.Array, cfg: Any) -> dict:

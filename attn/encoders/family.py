@@ -5,8 +5,11 @@ A family's config is a frozen dataclass (a jit static argument) with at least th
 properties, which code outside the family may read:
     vocab_size, d_model, num_layers, num_heads, pad_id, dropout, attention_dropout,
     initializer_range, dtype ("float32" | "bfloat16"), max_length (property: the longest input).
-Its params are a dict with "embed" (the embeddings), "layer_0" ... "layer_{n-1}" (the blocks, in
-order) and whatever else the family has; `attn.encoders.first_layers` keeps the first n blocks.
+Its params are a dict with "embed" (the embeddings), the blocks' entries and whatever else the
+family has. The blocks' entries are those `Family.layer_keys(config)` names, one per depth in
+order: "layer_0" ... "layer_{n-1}" (`layer_keys`), or fewer entries that several depths read (a
+family that shares one layer across depth, as ALBERT does, names "layer_0" at every depth).
+`attn.encoders.first_layers` keeps the first n depths and the entries they read.
 """
 
 from __future__ import annotations
@@ -23,7 +26,15 @@ import numpy as np
 from attn.encoders.heads import Head
 from attn.encoders.hub import Rule
 
-__all__ = ["PROJECTED_QK", "Family", "checked_inputs", "first_layers", "lookup", "projected_qk"]
+__all__ = [
+    "PROJECTED_QK",
+    "Family",
+    "checked_inputs",
+    "first_layers",
+    "layer_keys",
+    "lookup",
+    "projected_qk",
+]
 
 # Q and K in the step-by-step figure of a layer that projects X and nothing more.
 PROJECTED_QK = ("Q = X Wq", "K = X Wk")
@@ -33,6 +44,12 @@ def projected_qk(config: Any, layer: int) -> tuple[str, str]:
     """The titles of Q and K of a family whose Q and K are X's projections, in every layer."""
     del config, layer
     return PROJECTED_QK
+
+
+def layer_keys(config: Any) -> tuple[str, ...]:
+    """The params entry each depth reads, in order, of a family with one layer per depth:
+    "layer_0" ... "layer_{num_layers-1}"."""
+    return tuple(f"layer_{i}" for i in range(config.num_layers))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +85,8 @@ class Family:
     flax_layout: whether transformers had a Flax class for it, whose flax_model.msgpack its
       rules read once the names are PyTorch's (`attn.encoders.weights`); a family without one
       passes over a msgpack file.
+    layer_keys(config) -> the params entry each depth reads, in order (`layer_keys`: one entry
+      per depth, by default).
     """
 
     name: str
@@ -89,16 +108,21 @@ class Family:
     steps_qk: Callable[[Any, int], tuple[str, str]] = projected_qk
     unsupported: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
     flax_layout: bool = False
+    layer_keys: Callable[[Any], tuple[str, ...]] = layer_keys
 
 
-def first_layers(params: dict, cfg: Any, n: int) -> tuple[dict, Any]:
-    """The encoder of the first n blocks: (params without layer_n ..., cfg with num_layers=n).
-    n=0 keeps the embeddings alone, so encode returns the embedded tokens (attention off); the
-    rest (a pooler, a final norm) stays."""
+def first_layers(
+    params: dict, cfg: Any, n: int, keys: Callable[[Any], tuple[str, ...]] = layer_keys
+) -> tuple[dict, Any]:
+    """The encoder of the first n depths: (params without the entries only deeper depths read,
+    cfg with num_layers=n), for a family whose depths read the entries `keys` names (its
+    `Family.layer_keys`). n=0 keeps the embeddings alone, so encode returns the embedded tokens
+    (attention off); the rest (a pooler, a final norm) stays."""
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or not 0 <= n <= cfg.num_layers:
         raise ValueError(f"first_layers: n must be an integer in [0, {cfg.num_layers}]; got {n!r}")
-    kept = {k: v for k, v in params.items() if not k.startswith("layer_") or int(k[6:]) < n}
-    return kept, dataclasses.replace(cfg, num_layers=int(n))
+    below = dataclasses.replace(cfg, num_layers=int(n))
+    deeper = set(keys(cfg)) - set(keys(below))
+    return {k: v for k, v in params.items() if k not in deeper}, below
 
 
 def checked_inputs(

@@ -1,7 +1,8 @@
 """A family's sequence-classification head: what its ...ForSequenceClassification computes
 between the encoder's last hidden states and the final dropout + linear layer (`attn.head`), and
-the names that class stores its tensors under. Each family writes its own (`Head`, in its
-subpackage's `head` module) from the pieces here.
+the names that class stores its tensors under. Each family's `head` module builds its `Head`:
+most from one of the two builders here, `dense_head` (a dense layer and its activation on the
+first token) and `pooler_head` (the base model's own pooler).
 
     h = encode(ids)                           [B, L, D]
     v = head.apply(pool, encoder, h, mask)    [B, D]    e.g. tanh(W h[:, 0] + b) (BERT's pooler),
@@ -26,6 +27,7 @@ import jax.numpy as jnp
 
 from attn import layers
 from attn.encoders.hub import Rule
+from attn.encoders.rules import linear
 
 __all__ = [
     "ACTIVATIONS",
@@ -33,10 +35,10 @@ __all__ = [
     "Classes",
     "Head",
     "activation",
-    "dense_init",
+    "dense_head",
     "final_linear",
-    "first_token_dense",
     "fixed_pooling",
+    "pooler_head",
     "under",
 ]
 
@@ -115,30 +117,6 @@ class Head:
     encoder: Callable[[Any, str], Any] = lambda config, pooling: config
 
 
-def dense_init(key: jax.Array, d: int, std: float, *, bias: bool = True) -> dict:
-    """A D -> D linear layer as transformers draws one: w ~ N(0, std²) [D, D], bias 0."""
-    dense = {"w": std * jax.random.normal(key, (d, d), jnp.float32)}
-    if bias:
-        dense["b"] = jnp.zeros((d,), jnp.float32)
-    return dense
-
-
-def first_token_dense(
-    dense: dict,
-    h_BxLxD: jax.Array,
-    *,
-    act: Callable[[jax.Array], jax.Array],
-    dropout: float,
-    train: bool,
-    rng: jax.Array | None,
-) -> jax.Array:
-    """act(dense(Dropout(h[:, 0]))) [B, D]: the first token through a linear layer and its
-    activation, dropped out first at `dropout` (0: not)."""
-    rng = None if rng is None else jax.random.fold_in(rng, 1)  # rng itself drops the output
-    x_BxD = layers.dropout(h_BxLxD[:, 0], dropout, train=train, rng=rng)
-    return act(layers.dense(dense, x_BxD))
-
-
 def under(prefix: str, rules: Mapping[str, tuple[Rule, ...]]) -> dict[str, tuple[Rule, ...]]:
     """An encoder's rules inside a task model: names after `prefix`, paths under "encoder"."""
     return {
@@ -159,3 +137,119 @@ def fixed_pooling(hf: Mapping[str, Any], where: str) -> str:
     """from_hf of a head that always reads the first token: "cls"."""
     del hf, where
     return "cls"
+
+
+def _dense_init(key: jax.Array, cfg: Any) -> dict:
+    """{"dense": a D -> D linear layer as transformers draws one}: w ~ N(0, initializer_range²)
+    [D, D], bias 0."""
+    w = cfg.initializer_range * jax.random.normal(key, (cfg.d_model, cfg.d_model), jnp.float32)
+    return {"dense": {"w": w, "b": jnp.zeros((cfg.d_model,), jnp.float32)}}
+
+
+def dense_head(
+    classes: Callable[[Any], Classes],
+    dense: str,
+    final: str,
+    act: Callable[[Any], Callable[[jax.Array], jax.Array]],
+    *,
+    drops_input: bool = False,
+    from_hf: Callable[[Mapping[str, Any], str], str] | None = None,
+    to_hf: Callable[[Any, str], dict] | None = None,
+    encoder: Callable[[Any, str], Any] | None = None,
+) -> Head:
+    """The head that reads the first token through its own D -> D linear layer `dense` (the
+    stored name) and act(config), then the final linear layer `final`:
+
+        v = act(dense(Dropout(h[:, 0])))          [B, D]
+
+    the first token dropped out at the classifier's rate only with drops_input (RoBERTa's and
+    ELECTRA's classification heads; DistilBERT's pre_classifier and DeBERTa's ContextPooler
+    drop nothing there). Its params: {"dense": {"w", "b"}}, drawn as transformers draws them.
+    from_hf, to_hf and encoder as `Head` has them (by default: always "cls", no config.json
+    keys, the encoder as it is)."""
+
+    def init(key: jax.Array, cfg: Any, pooling: str) -> dict:
+        del pooling
+        return _dense_init(key, cfg)
+
+    def apply(
+        pool: dict,
+        params: dict,
+        cfg: Any,
+        h_BxLxD: jax.Array,
+        mask_BxL: jax.Array,
+        pooling: str,
+        *,
+        dropout: float,
+        train: bool,
+        rng: jax.Array | None,
+    ) -> jax.Array:
+        del params, mask_BxL, pooling
+        rng = None if rng is None else jax.random.fold_in(rng, 1)  # rng itself drops v
+        rate = dropout if drops_input else 0.0
+        x_BxD = layers.dropout(h_BxLxD[:, 0], rate, train=train, rng=rng)
+        return act(cfg)(layers.dense(pool["dense"], x_BxD))
+
+    def rules(cfg: Any, pooling: str) -> dict[str, tuple[Rule, ...]]:
+        del cfg, pooling
+        return {**linear(dense, ("pool", "dense")), **final_linear(final)}
+
+    return Head(
+        poolings=("cls",),
+        init=init,
+        apply=apply,
+        classes=classes,
+        rules=rules,
+        from_hf=fixed_pooling if from_hf is None else from_hf,
+        to_hf=(lambda cfg, pooling: {}) if to_hf is None else to_hf,
+        encoder=(lambda cfg, pooling: cfg) if encoder is None else encoder,
+    )
+
+
+def pooler_head(classes: Callable[[Any], Classes], own: str) -> Head:
+    """The head of a base model with a pooler (BERT's, ALBERT's): tanh(W h[:, 0] + b), then the
+    final linear layer `classifier`. The pooler is the base model's, so the encoder's params hold
+    it ("pooler") when the checkpoint has one (the config's `pooler`) and the head has no params;
+    over a checkpoint without one the head draws its own, stored back as `own` (the pooler's
+    name in the class). A classifier of another pooling holds no pooler."""
+
+    def init(key: jax.Array, cfg: Any, pooling: str) -> dict:
+        del pooling
+        return {} if cfg.pooler else _dense_init(key, cfg)
+
+    def apply(
+        pool: dict,
+        params: dict,
+        cfg: Any,
+        h_BxLxD: jax.Array,
+        mask_BxL: jax.Array,
+        pooling: str,
+        *,
+        dropout: float,
+        train: bool,
+        rng: jax.Array | None,
+    ) -> jax.Array:
+        del mask_BxL, pooling, dropout, train, rng
+        pooler = params["pooler"] if cfg.pooler else pool["dense"]
+        return jnp.tanh(layers.dense(pooler, h_BxLxD[:, 0]))
+
+    def rules(cfg: Any, pooling: str) -> dict[str, tuple[Rule, ...]]:
+        del pooling
+        return {
+            **({} if cfg.pooler else linear(own, ("pool", "dense"))),
+            **final_linear("classifier"),
+        }
+
+    def encoder(cfg: Any, pooling: str) -> Any:
+        return cfg if pooling == "cls" else dataclasses.replace(cfg, pooler=False)
+
+    return Head(
+        poolings=("cls",),
+        init=init,
+        apply=apply,
+        classes=classes,
+        rules=rules,
+        from_hf=fixed_pooling,
+        to_hf=lambda cfg, pooling: {},
+        encoder=encoder,
+    )

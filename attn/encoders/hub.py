@@ -36,7 +36,6 @@ __all__ = [
     "Rule",
     "Stored",
     "config_json",
-    "config_keys",
     "files_read",
     "local_dir",
     "param_count",
@@ -167,12 +166,6 @@ def config_json(directory: pathlib.Path) -> dict:
     if not isinstance(hf, dict):
         raise CheckpointError(f"{path} is not a JSON object")
     return hf
-
-
-def config_keys(cfg: Any, keys: Mapping[str, tuple[str, Any]]) -> dict:
-    """config.json's keys of a config's fields: `keys` maps a field to (its config.json key,
-    default), as a family's from_hf reads them; this writes them back."""
-    return {key: getattr(cfg, field) for field, (key, _) in keys.items()}
 
 
 def stored(directory: pathlib.Path, msgpack: bool = True) -> dict[str, Stored]:

@@ -27,7 +27,16 @@ from experiments.explain import maps
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "encoders"
-FAMILIES = ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "modernbert", "deberta-v2")
+FAMILIES = (
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "distilbert",
+    "electra",
+    "modernbert",
+    "deberta-v2",
+    "albert",
+)
 TEXTS = (
     "the film was great and superb",
     "An AWFUL, boring movie... I hated it!",

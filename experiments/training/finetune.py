@@ -13,7 +13,7 @@ per-layer factors.
 
 import dataclasses
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -38,6 +38,11 @@ class Pretrained:
     tokenizer: checkpoint_tokenizer.CheckpointTokenizer
     weights: str  # the weight file read ("model.safetensors", "pytorch_model.bin", ...)
     random: bool = False  # model.pretrained_init=random: its architecture, random weights
+
+    @property
+    def layer_keys(self) -> tuple[str, ...]:
+        """The encoder params entry each depth reads, in order (its family's)."""
+        return encoders.family(self.encoder).layer_keys(self.encoder)
 
     def describe(self) -> str:
         e = self.encoder
@@ -138,18 +143,22 @@ def _filled(tree: Any, value: Any) -> Any:
     return jax.tree.map(lambda _: value, tree)
 
 
-def layer_scales(num_layers: int, decay: float) -> Callable[[Any], Any] | None:
-    """params -> each parameter's learning-rate factor under layer-wise decay: 1 for the head
-    (and the pooler above the layers), decay**(n - i) for layer i of n, decay**(n + 1) for the
+def layer_scales(keys: Sequence[str], decay: float) -> Callable[[Any], Any] | None:
+    """params -> each parameter's learning-rate factor under layer-wise decay, for an encoder
+    whose depths read the params entries `keys` in order (its family's layer_keys): 1 for the
+    head (and the pooler above the layers), decay**(n - i) for the entry depth i of n reads (a
+    shared entry: its deepest, so it learns as fast as the top), decay**(n + 1) for the
     embeddings. None at decay 1 (off)."""
     if decay == 1:
         return None
+    n = len(keys)
+    deepest = {key: i for i, key in enumerate(keys)}
 
     def depth_factor(name: str) -> float:
         if name == "embed":
-            return decay ** (num_layers + 1)
-        if name.startswith("layer_"):
-            return decay ** (num_layers - int(name.split("_")[1]))
+            return decay ** (n + 1)
+        if name in deepest:
+            return decay ** (n - deepest[name])
         return 1.0  # the pooler
 
     def scales(params: Any) -> Any:

@@ -110,7 +110,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         ema=o.ema_decay > 0,
         summary=pre.describe() if pre else "",
         warm=finetune.warm if pre and not pre.random else None,
-        lr_scales=finetune.layer_scales(pre.encoder.num_layers, o.layer_decay) if pre else None,
+        lr_scales=finetune.layer_scales(pre.layer_keys, o.layer_decay) if pre else None,
     )
     best = setup.train(s, task, workdir, schedule.training(config, len(train.ids)))
     result = split_metrics(best, test, desc=f"test (step {int(best['step'])})")

@@ -32,20 +32,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from attn.encoders.bert.model import Config
-from attn.encoders.hub import CheckpointError, Rule, config_keys
+from attn.encoders.fields import built, config_from, config_keys
+from attn.encoders.hub import Rule
+from attn.encoders.rules import BERT_LINEARS, BERT_NORMS, block, linear
 
-__all__ = [
-    "ARCHITECTURES",
-    "MODEL_TYPES",
-    "PREFIXES",
-    "block_rules",
-    "from_hf",
-    "layer_norm",
-    "linear",
-    "rules",
-    "skip",
-    "to_hf",
-]
+__all__ = ["ARCHITECTURES", "MODEL_TYPES", "PREFIXES", "from_hf", "rules", "skip", "to_hf"]
 
 # model_type -> the architectures whose checkpoints hold this encoder (their heads skipped).
 _ARCHITECTURES = {
@@ -89,46 +80,13 @@ _EMBED = {
     "embeddings.LayerNorm.weight": ("embed", "ln", "scale"),
     "embeddings.LayerNorm.bias": ("embed", "ln", "bias"),
 }
-_LINEAR = {  # under encoder.layer.N.: the weight transposed, the bias as stored
-    "attention.self.query": ("mha", "q"),
-    "attention.self.key": ("mha", "k"),
-    "attention.self.value": ("mha", "v"),
-    "attention.output.dense": ("mha", "o"),
-    "intermediate.dense": ("ff1",),
-    "output.dense": ("ff2",),
-}
-_NORMS = {"attention.output.LayerNorm": "ln_att", "output.LayerNorm": "ln_ff"}
-
-
-def linear(name: str, path: tuple[str, ...]) -> dict[str, tuple[Rule, ...]]:
-    """A PyTorch Linear `name` -> params `path` {"w": transposed, "b": as stored}."""
-    return {
-        f"{name}.weight": (Rule((*path, "w"), transpose=True),),
-        f"{name}.bias": (Rule((*path, "b")),),
-    }
-
-
-def layer_norm(name: str, path: tuple[str, ...]) -> dict[str, tuple[Rule, ...]]:
-    """A PyTorch LayerNorm `name` -> params `path` {"scale", "bias"}."""
-    return {f"{name}.weight": (Rule((*path, "scale")),), f"{name}.bias": (Rule((*path, "bias")),)}
-
-
-def block_rules(num_layers: int) -> dict[str, tuple[Rule, ...]]:
-    """The rules of BERT's blocks encoder.layer.N.* -> layer_N, also the layout of the families
-    whose blocks are BERT's under the same names (ELECTRA)."""
-    out: dict[str, tuple[Rule, ...]] = {}
-    for i in range(num_layers):
-        for name, path in _LINEAR.items():
-            out.update(linear(f"encoder.layer.{i}.{name}", (f"layer_{i}", *path)))
-        for name, norm in _NORMS.items():
-            out.update(layer_norm(f"encoder.layer.{i}.{name}", (f"layer_{i}", norm)))
-    return out
 
 
 def rules(cfg: Config) -> dict[str, tuple[Rule, ...]]:
     """Stored name (no prefix) -> where it goes, for every parameter."""
     out = {name: (Rule(path),) for name, path in _EMBED.items()}
-    out.update(block_rules(cfg.num_layers))
+    for i in range(cfg.num_layers):
+        out.update(block(f"encoder.layer.{i}", (f"layer_{i}",), BERT_LINEARS, BERT_NORMS))
     if cfg.pooler:
         out.update(linear("pooler.dense", ("pooler",)))
     return out
@@ -161,12 +119,7 @@ def from_hf(hf: Mapping[str, Any], names: frozenset[str], where: str) -> Config:
         )
     if hf.get("is_decoder") or hf.get("add_cross_attention"):
         faults.append("a decoder (is_decoder / add_cross_attention; only encoders)")
-    missing = [key for key, default in _CONFIG_KEYS.values() if default is None and key not in hf]
-    if missing:
-        faults.append(f"no {', '.join(missing)}")
-    if faults:
-        raise CheckpointError(f"{where}: config.json is not supported: {'; '.join(faults)}")
-    kw = {field: hf.get(key, default) for field, (key, default) in _CONFIG_KEYS.items()}
+    kw = config_from(hf, _CONFIG_KEYS, where, faults)
     bert = hf["model_type"] == "bert"
     pad = hf.get("pad_token_id")
     kw["pad_id"] = (0 if bert else 1) if pad is None else pad
@@ -174,10 +127,7 @@ def from_hf(hf: Mapping[str, Any], names: frozenset[str], where: str) -> Config:
         kw["position_offset"] = kw["pad_id"] + 1
     kw["pooler"] = any(n.startswith("pooler.") for n in names)
     kw["model_type"] = hf["model_type"]
-    try:
-        return Config(**kw)
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{where}: config.json is not supported: {e}") from None
+    return built(Config, where, **kw)
 
 
 def to_hf(cfg: Config) -> dict:

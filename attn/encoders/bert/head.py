@@ -12,12 +12,9 @@ fresh pooler here, stored back as bert.pooler.dense. RoBERTa's dense layer is
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 
 from attn.encoders import heads
-from attn.encoders.bert import model
-from attn.encoders.bert.checkpoint import linear
 from attn.encoders.bert.model import Config
 
 __all__ = ["HEAD"]
@@ -41,69 +38,29 @@ def _classes(cfg: Config) -> heads.Classes:
     )
 
 
-def _roberta(cfg: Config) -> bool:
-    return cfg.model_type != "bert"
+_BERT = heads.pooler_head(_classes, "bert.pooler.dense")
+# RobertaForSequenceClassification holds no pooler, even when the checkpoint had one.
+_ROBERTA = heads.dense_head(
+    _classes,
+    "classifier.dense",
+    "classifier.out_proj",
+    lambda cfg: jnp.tanh,
+    drops_input=True,
+    encoder=lambda cfg, pooling: dataclasses.replace(cfg, pooler=False),
+)
 
 
-def _own_pooler(cfg: Config) -> bool:
-    """Whether the head holds BERT's pooler itself (the checkpoint had none)."""
-    return not _roberta(cfg) and not cfg.pooler
-
-
-def _init(key: jax.Array, cfg: Config, pooling: str) -> dict:
-    del pooling
-    if _roberta(cfg) or _own_pooler(cfg):
-        return {"dense": heads.dense_init(key, cfg.d_model, cfg.initializer_range)}
-    return {}
-
-
-def _apply(
-    pool: dict,
-    encoder: dict,
-    cfg: Config,
-    h_BxLxD: jax.Array,
-    mask_BxL: jax.Array,
-    pooling: str,
-    *,
-    dropout: float,
-    train: bool,
-    rng: jax.Array | None,
-) -> jax.Array:
-    del mask_BxL, pooling
-    if _roberta(cfg):
-        return heads.first_token_dense(
-            pool["dense"], h_BxLxD, act=jnp.tanh, dropout=dropout, train=train, rng=rng
-        )
-    pooler = pool["dense"] if _own_pooler(cfg) else encoder["pooler"]
-    return model.pool({"pooler": pooler}, h_BxLxD)
-
-
-def _rules(cfg: Config, pooling: str) -> dict:
-    del pooling
-    if _roberta(cfg):
-        return {
-            **linear("classifier.dense", ("pool", "dense")),
-            **heads.final_linear("classifier.out_proj"),
-        }
-    own = linear("bert.pooler.dense", ("pool", "dense")) if _own_pooler(cfg) else {}
-    return {**own, **heads.final_linear("classifier")}
-
-
-def _encoder(cfg: Config, pooling: str) -> Config:
-    """RobertaForSequenceClassification has no pooler; BERT's classifier reads its own (the
-    head's when the checkpoint had none); a mean-pooled classifier reads none."""
-    if _roberta(cfg) or pooling != "cls":
-        return dataclasses.replace(cfg, pooler=False)
-    return cfg
+def _head(cfg: Config) -> heads.Head:
+    return _BERT if cfg.model_type == "bert" else _ROBERTA
 
 
 HEAD = heads.Head(
     poolings=("cls",),
-    init=_init,
-    apply=_apply,
+    init=lambda key, cfg, pooling: _head(cfg).init(key, cfg, pooling),
+    apply=lambda pool, params, cfg, *a, **kw: _head(cfg).apply(pool, params, cfg, *a, **kw),
     classes=_classes,
-    rules=_rules,
+    rules=lambda cfg, pooling: _head(cfg).rules(cfg, pooling),
     from_hf=heads.fixed_pooling,
     to_hf=lambda cfg, pooling: {},
-    encoder=_encoder,
+    encoder=lambda cfg, pooling: _head(cfg).encoder(cfg, pooling),
 )

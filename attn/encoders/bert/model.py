@@ -1,35 +1,27 @@
 """The BERT encoder (BERT, RoBERTa, XLM-RoBERTa and other checkpoints of its layout) as pure
-functions; its checkpoint rules are `attn.encoders.bert_keys`.
+functions; its checkpoint rules are `attn.encoders.bert.checkpoint`.
 
     x = LN(word[ids] + position[pos] + type[types])             embeddings
     x = LN(x + Dropout(MHA(x)))                                  each of num_layers blocks,
     x = LN(x + Dropout(W2 GELU(W1 x)))                           post-LayerNorm, exact (erf) GELU
 
-MHA is `attn.multihead.apply` (q, k, v and output projections with biases), so any attn score
-and implementation runs inside: `attn.attention`'s scaled_dot matrix form reproduces the
-checkpoints; ``attn.Attention(implementation="chunked")`` serves 512 tokens in memory linear in L.
-A key that is padding is masked; a sequence with no real token at all gets attention output 0
-(attn's convention) where Hugging Face gives the mean of the values.
-
-`init_blocks`, `blocks` (the stack of blocks) and `layer_steps` (one layer's step-by-step
-view) take any family's config with these blocks' fields, so families whose layers are BERT's
-(DistilBERT, ELECTRA) compute them here and write only their embeddings.
+Its blocks are `attn.encoders.blocks`: MHA is `attn.multihead.apply` (q, k, v and output
+projections with biases), so any attn score and implementation runs inside: `attn.attention`'s
+scaled_dot matrix form reproduces the checkpoints; ``attn.Attention(implementation="chunked")``
+serves 512 tokens in memory linear in L. A key that is padding is masked; a sequence with no real
+token at all gets attention output 0 (attn's convention) where Hugging Face gives the mean of the
+values.
 
 Params (plain dicts, float32):
     {"embed": {"tokens": [V, D], "positions": [P, D], "types": [T, D], "ln": layer norm},
-     "layer_0" ... "layer_{n-1}": {"mha": multihead params ({"q", "k", "v", "o": {"w", "b"}}),
-                                   "ln_att": layer norm, "ff1": dense D->F, "ff2": dense F->D,
-                                   "ln_ff": layer norm},
+     "layer_0" ... "layer_{n-1}": the blocks (`attn.encoders.blocks`),
      "pooler": dense D->D, if cfg.pooler}
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import numbers
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -38,19 +30,17 @@ import jax.numpy as jnp
 from attn import layers, multihead, scores
 from attn.attention import attention
 from attn.classifier import DTYPES
-from attn.encoders.family import checked_inputs, first_layers, lookup
+from attn.encoders import blocks, fields
+from attn.encoders.family import checked_inputs, layer_keys, lookup
 
 __all__ = [
     "MODEL_TYPES",
     "Config",
     "attention_steps",
-    "blocks",
     "embed",
     "encode",
     "init",
-    "init_blocks",
     "input_embeddings",
-    "layer_steps",
     "pool",
     "positions",
     "steps_input",
@@ -88,41 +78,18 @@ class Config:
     model_type: str = "bert"
 
     def __post_init__(self):
-        def integer(name: str, lo: int) -> None:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
-                raise ValueError(f"bert.Config.{name} must be an integer >= {lo}; got {v!r}")
-            object.__setattr__(self, name, int(v))
-
-        def real(name: str, lo: float, hi: float) -> None:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not lo <= v < hi:
-                raise ValueError(f"bert.Config.{name} must be a float in [{lo}, {hi}); got {v!r}")
-            object.__setattr__(self, name, float(v))
-
         for name in ("vocab_size", "d_model", "num_heads", "d_ff", "max_positions"):
-            integer(name, 1)
+            fields.integer(self, name, 1)
         for name in ("num_layers", "type_vocab_size", "pad_id", "position_offset"):
-            integer(name, 0)
-        if self.d_model % self.num_heads:
-            raise ValueError(
-                f"bert.Config.d_model={self.d_model} must be divisible by "
-                f"bert.Config.num_heads={self.num_heads}"
-            )
-        real("layer_norm_eps", 0.0, math.inf)
-        real("dropout", 0.0, 1.0)
-        real("attention_dropout", 0.0, 1.0)
-        real("initializer_range", 0.0, math.inf)
-        if not isinstance(self.pooler, bool):
-            raise ValueError(f"bert.Config.pooler must be a bool; got {self.pooler!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(
-                f"bert.Config.dtype must be one of {sorted(DTYPES)}; got {self.dtype!r}"
-            )
-        if self.model_type not in MODEL_TYPES:
-            raise ValueError(
-                f"bert.Config.model_type must be one of {MODEL_TYPES}; got {self.model_type!r}"
-            )
+            fields.integer(self, name, 0)
+        fields.divisible(self, "d_model", "num_heads")
+        fields.real(self, "layer_norm_eps", 0.0, math.inf)
+        fields.real(self, "dropout", 0.0, 1.0)
+        fields.real(self, "attention_dropout", 0.0, 1.0)
+        fields.real(self, "initializer_range", 0.0, math.inf)
+        fields.flag(self, "pooler")
+        fields.choice(self, "dtype", sorted(DTYPES))
+        fields.choice(self, "model_type", MODEL_TYPES)
 
     @property
     def max_length(self) -> int:
@@ -152,33 +119,10 @@ def init(key: jax.Array, cfg: Config, *, score: str | scores.Score = "scaled_dot
             "ln": layers.layer_norm_init(d),
         }
     }
-    params.update(init_blocks(k_layers, cfg, score=score))
+    params.update(blocks.init(k_layers, cfg, layer_keys(cfg), score=score))
     if cfg.pooler:
         params["pooler"] = _dense(k_pool, d, d, std)
     return params
-
-
-def init_blocks(
-    key: jax.Array, cfg: Any, *, score: str | scores.Score = "scaled_dot"
-) -> dict[str, dict]:
-    """{"layer_0" ... "layer_{num_layers-1}"}: random blocks as `init` draws them, for any
-    family's config with BERT's block sizes (num_layers, d_model, num_heads, d_ff,
-    initializer_range)."""
-    d, f, std = cfg.d_model, cfg.d_ff, cfg.initializer_range
-    out = {}
-    for i, k in enumerate(jax.random.split(key, cfg.num_layers)):
-        k_mha, k_q, k_k, k_v, k_o, k1, k2 = jax.random.split(k, 7)
-        mha = multihead.init(k_mha, d, cfg.num_heads, score=score)
-        for name, kw in (("q", k_q), ("k", k_k), ("v", k_v), ("o", k_o)):
-            mha[name] = _dense(kw, d, d, std)
-        out[f"layer_{i}"] = {
-            "mha": mha,
-            "ln_att": layers.layer_norm_init(d),
-            "ff1": _dense(k1, d, f, std),
-            "ff2": _dense(k2, f, d, std),
-            "ln_ff": layers.layer_norm_init(d),
-        }
-    return out
 
 
 def positions(cfg: Config, mask_BxL: jax.Array) -> jax.Array:
@@ -245,35 +189,6 @@ def embed(
     return layers.dropout(x_BxLxD.astype(DTYPES[cfg.dtype]), cfg.dropout, train=train, rng=rng)
 
 
-def _block(
-    p: dict,
-    x_LxD: jax.Array,
-    mask_L: jax.Array,
-    rng: jax.Array | None,
-    *,
-    cfg: Any,
-    attend: multihead.Attend,
-    train: bool,
-) -> tuple[jax.Array, jax.Array | None]:
-    """One post-LayerNorm block on one sequence [L, D] -> (output [L, D], the attention weights
-    [H, L, L] before dropout, or None when the implementation does not form them)."""
-    r_w, r_att, r_ff = jax.random.split(rng, 3) if rng is not None else (None, None, None)
-    a_LxD, w_HxLxL = multihead.apply(
-        p["mha"],
-        x_LxD,
-        mask_L,
-        num_heads=cfg.num_heads,
-        attend=attend,
-        dropout_rate=cfg.attention_dropout if train else 0.0,
-        dropout_rng=r_w,
-    )
-    a_LxD = layers.dropout(a_LxD, cfg.dropout, train=train, rng=r_att)
-    x_LxD = layers.layer_norm(p["ln_att"], x_LxD + a_LxD, cfg.layer_norm_eps)
-    h_LxF = jax.nn.gelu(layers.dense(p["ff1"], x_LxD), approximate=False)
-    f_LxD = layers.dropout(layers.dense(p["ff2"], h_LxF), cfg.dropout, train=train, rng=r_ff)
-    return layers.layer_norm(p["ln_ff"], x_LxD + f_LxD, cfg.layer_norm_eps), w_HxLxL
-
-
 def encode(
     params: dict,
     cfg: Config,
@@ -312,39 +227,17 @@ def encode(
         rng=r_embed,
         delta_BxLxD=embed_delta_BxLxD,
     )
-    x_BxLxD, weights = blocks(
-        params, cfg, x_BxLxD, jnp.asarray(mask_BxL), attend=attend, train=train, rng=r_layers
+    x_BxLxD, weights = blocks.stack(
+        params,
+        cfg,
+        x_BxLxD,
+        jnp.asarray(mask_BxL),
+        layer_keys(cfg),
+        attend=attend,
+        train=train,
+        rng=r_layers,
     )
     return (x_BxLxD, weights) if return_weights else x_BxLxD
-
-
-def blocks(
-    params: dict,
-    cfg: Any,
-    x_BxLxD: jax.Array,
-    mask_BxL: jax.Array,
-    *,
-    attend: multihead.Attend = attention,
-    train: bool = False,
-    rng: jax.Array | None = None,
-) -> tuple[jax.Array, list]:
-    """The post-LayerNorm blocks layer_0 ... layer_{num_layers-1} over embedded tokens x [B, L, D]
-    with bool mask [B, L] -> (the last block's output [B, L, D], each layer's attention weights
-    [B, H, L, L] float32 before dropout, or None per layer when the implementation does not form
-    them). cfg is any family's config with BERT's block fields (num_layers, num_heads, dropout,
-    attention_dropout, layer_norm_eps), so families whose blocks are BERT's compute them here;
-    rng: the layers' key in training (`encode` splits it from the embeddings')."""
-    block = functools.partial(_block, cfg=cfg, attend=attend, train=train)
-    batch = x_BxLxD.shape[0]
-    weights = []
-    for i in range(cfg.num_layers):
-        # One key per example and layer, so examples get independent dropout masks.
-        r_B = jax.random.split(jax.random.fold_in(rng, i), batch) if rng is not None else None
-        x_BxLxD, w_BxHxLxL = jax.vmap(block, in_axes=(None, 0, 0, None if r_B is None else 0))(
-            params[f"layer_{i}"], x_BxLxD, mask_BxL, r_B
-        )
-        weights.append(w_BxHxLxL)
-    return x_BxLxD, weights
 
 
 def attention_steps(
@@ -361,38 +254,7 @@ def attention_steps(
     scaled_dot). The blocks are post-LayerNorm, so X is the layer's input as it is: the
     embeddings after their LayerNorm for layer 0, else the previous block's output (which ends
     in a LayerNorm)."""
-    return layer_steps(encode, params, cfg, ids_L, mask_L, layer=layer, score=score)
-
-
-def layer_steps(
-    encode_fn: Callable[..., jax.Array],
-    params: dict,
-    cfg: Any,
-    ids_L: jax.Array,
-    mask_L: jax.Array,
-    *,
-    layer: int,
-    score: str | scores.Score = "scaled_dot",
-) -> multihead.Steps:
-    """`attention_steps` of any family whose layers are BERT's post-LayerNorm blocks, given its
-    encode: X is encode_fn over the first `layer` layers (`first_layers`), in evaluation."""
-    if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
-        raise TypeError(f"layer must be an int; got {layer!r}")
-    if not 0 <= layer < cfg.num_layers:
-        raise ValueError(f"layer must be in [0, {cfg.num_layers}); got {layer}")
-    ids_L, mask_L = jnp.asarray(ids_L), jnp.asarray(mask_L)
-    if ids_L.ndim != 1:
-        raise ValueError(f"token ids must be one sequence [L]; got shape {ids_L.shape}")
-    below, cfg_below = first_layers(params, cfg, layer)  # layer 0: the embeddings alone
-    attend = functools.partial(attention, score=score)
-    x_LxD = encode_fn(below, cfg_below, ids_L[None], mask_L[None], attend=attend)[0]
-    return multihead.steps(
-        params[f"layer_{layer}"]["mha"],
-        x_LxD,
-        mask_L,
-        num_heads=cfg.num_heads,
-        score=score,
-    )
+    return blocks.steps(encode, params, cfg, ids_L, mask_L, layer=layer, score=score)
 
 
 def pool(params: dict, h_BxLxD: jax.Array) -> jax.Array:

@@ -31,11 +31,12 @@ sequence classifier's pooler.* and classifier.* are its head's (`head`).
 from collections.abc import Mapping
 from typing import Any
 
-from attn.encoders.bert.checkpoint import layer_norm, linear
 from attn.encoders.deberta import score
 from attn.encoders.deberta.model import NORM_REL_EBD, Config
+from attn.encoders.fields import built, config_from, config_keys
 from attn.encoders.heads import ACTIVATIONS
-from attn.encoders.hub import CheckpointError, Rule, config_keys
+from attn.encoders.hub import Rule
+from attn.encoders.rules import block, layer_norm, linear
 
 __all__ = ["ARCHITECTURES", "MODEL_TYPES", "PREFIXES", "from_hf", "rules", "skip", "to_hf"]
 
@@ -84,10 +85,7 @@ def rules(cfg: Config) -> dict[str, tuple[Rule, ...]]:
         out.update(layer_norm("encoder.LayerNorm", ("embed", "relative_ln")))
     for i in range(cfg.num_layers):
         layer = f"encoder.layer.{i}"
-        for name, path in _LINEAR.items():
-            out.update(linear(f"{layer}.{name}", (f"layer_{i}", *path)))
-        for name, norm in _NORMS.items():
-            out.update(layer_norm(f"{layer}.{name}", (f"layer_{i}", norm)))
+        out.update(block(layer, (f"layer_{i}",), _LINEAR, _NORMS))
         if not cfg.share_att_key:
             if "c2p" in cfg.pos_att_type:
                 out.update(linear(f"{layer}.attention.self.pos_key_proj", (f"layer_{i}", "pos_k")))
@@ -172,18 +170,10 @@ def from_hf(hf: Mapping[str, Any], names: frozenset[str], where: str) -> Config:
     act = hf.get("pooler_hidden_act", "gelu")
     if act not in ACTIVATIONS:
         faults.append(f"pooler_hidden_act {act!r} (one of {', '.join(ACTIVATIONS)})")
-    missing = [key for key, default in _CONFIG_KEYS.values() if default is None and key not in hf]
-    if missing:
-        faults.append(f"no {', '.join(missing)}")
-    if faults:
-        raise CheckpointError(f"{where}: config.json is not supported: {'; '.join(faults)}")
-    kw = {field: hf.get(key, default) for field, (key, default) in _CONFIG_KEYS.items()}
+    kw = config_from(hf, _CONFIG_KEYS, where, faults)
     if kw["pad_id"] is None:
         kw["pad_id"] = 0
-    try:
-        return Config(**kw, pos_att_type=terms, norm_rel_ebd=norm, pooler_act=act)
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{where}: config.json is not supported: {e}") from None
+    return built(Config, where, **kw, pos_att_type=terms, norm_rel_ebd=norm, pooler_act=act)
 
 
 def to_hf(cfg: Config) -> dict:

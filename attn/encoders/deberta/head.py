@@ -8,11 +8,10 @@ at the top level, beside the encoder's deberta.*. The ContextPooler's own dropou
 (pooler_dropout) is left out: 0 in the released configs.
 """
 
-import jax
+from collections.abc import Mapping
+from typing import Any
 
 from attn.encoders import heads
-from attn.encoders.bert.checkpoint import linear
-from attn.encoders.deberta.model import Config
 from attn.encoders.hub import CheckpointError
 
 __all__ = ["HEAD"]
@@ -26,31 +25,7 @@ _CLASSES = heads.Classes(
 )
 
 
-def _init(key: jax.Array, cfg: Config, pooling: str) -> dict:
-    del pooling
-    return {"dense": heads.dense_init(key, cfg.d_model, cfg.initializer_range)}
-
-
-def _apply(
-    pool: dict,
-    encoder: dict,
-    cfg: Config,
-    h_BxLxD: jax.Array,
-    mask_BxL: jax.Array,
-    pooling: str,
-    *,
-    dropout: float,
-    train: bool,
-    rng: jax.Array | None,
-) -> jax.Array:
-    del encoder, mask_BxL, pooling, dropout
-    act = heads.activation(cfg.pooler_act)
-    return heads.first_token_dense(
-        pool["dense"], h_BxLxD, act=act, dropout=0.0, train=train, rng=rng
-    )
-
-
-def _from_hf(hf: dict, where: str) -> str:
+def _from_hf(hf: Mapping[str, Any], where: str) -> str:
     """ "cls"; CheckpointError when the pooler is not D -> D (pooler_hidden_size)."""
     d = hf.get("hidden_size")
     if hf.get("pooler_hidden_size", d) != d:
@@ -61,15 +36,11 @@ def _from_hf(hf: dict, where: str) -> str:
     return "cls"
 
 
-HEAD = heads.Head(
-    poolings=("cls",),
-    init=_init,
-    apply=_apply,
-    classes=lambda cfg: _CLASSES,
-    rules=lambda cfg, pooling: {
-        **linear("pooler.dense", ("pool", "dense")),
-        **heads.final_linear("classifier"),
-    },
+HEAD = heads.dense_head(
+    lambda cfg: _CLASSES,
+    "pooler.dense",
+    "classifier",
+    lambda cfg: heads.activation(cfg.pooler_act),
     from_hf=_from_hf,
     to_hf=lambda cfg, pooling: {"pooler_hidden_size": cfg.d_model, "pooler_dropout": 0.0},
 )

@@ -6,23 +6,22 @@ functions; its checkpoint rules are `attn.encoders.deberta.checkpoint`.
     x = LN(x + Dropout(MHA(x; R)))                                each of num_layers blocks,
     x = LN(x + Dropout(W2 GELU(W1 x)))                            post-LayerNorm, exact GELU
 
-MHA is `attn.multihead.apply` with DeBERTa's disentangled score (`score`): each layer projects R
-with its own key and query projections (share_att_key) or with its pos_key_proj / pos_query_proj,
-splits the tables into heads [H, 2S, K] and passes them as the score's params; q_pos and k_pos
-are the tokens' indices 0..L-1, as transformers counts them (padding included). Implementations
-"matrix" and "chunked" (memory linear in L) run it; "xla" is refused (jax.nn's attention takes
-no relative-position terms). A padding key is masked; transformers also masks padding queries
-(their rows come out uniform), which changes only the states of padding positions.
+The blocks are `attn.encoders.blocks`, with DeBERTa's disentangled score (`score`) as their
+attention terms: each layer projects R with its own key and query projections (share_att_key) or
+with its pos_key_proj / pos_query_proj, splits the tables into heads [H, 2S, K] and passes them as
+the score's params; q_pos and k_pos are the tokens' indices 0..L-1, as transformers counts them
+(padding included). Implementations "matrix" and "chunked" (memory linear in L) run it; "xla" is
+refused (jax.nn's attention takes no relative-position terms). A padding key is masked;
+transformers also masks padding queries (their rows come out uniform), which changes only the
+states of padding positions.
 
 Params (plain dicts, float32):
     {"embed": {"tokens": [V, D], "positions": [P, D] if position_biased_input,
                "types": [T, D] if type_vocab_size > 0, "ln": layer norm,
                "relative": [2S, D], "relative_ln": layer norm if norm_rel_ebd is "layer_norm"},
-     "layer_0" ... "layer_{n-1}": {"mha": multihead params ({"q", "k", "v", "o": {"w", "b"}}),
+     "layer_0" ... "layer_{n-1}": the blocks (`attn.encoders.blocks`) and
                                    "pos_k": dense D->D if c2p and not share_att_key,
-                                   "pos_q": dense D->D if p2c and not share_att_key,
-                                   "ln_att": layer norm, "ff1": dense D->F, "ff2": dense F->D,
-                                   "ln_ff": layer norm}}
+                                   "pos_q": dense D->D if p2c and not share_att_key}
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import numbers
 from typing import Any
 
 import jax
@@ -39,8 +37,9 @@ import jax.numpy as jnp
 from attn import layers, multihead, scores
 from attn.attention import Attention, attention
 from attn.classifier import DTYPES
+from attn.encoders import blocks, fields
 from attn.encoders.deberta import score as disentangled
-from attn.encoders.family import checked_inputs, first_layers, lookup
+from attn.encoders.family import checked_inputs, layer_keys, lookup
 from attn.encoders.heads import ACTIVATIONS
 
 __all__ = [
@@ -91,37 +90,17 @@ class Config:
     pooler_act: str = "gelu"  # pooler_hidden_act: the classification head's activation
 
     def __post_init__(self):
-        def integer(name: str, lo: int | None) -> None:
-            v = getattr(self, name)
-            bad = isinstance(v, bool) or not isinstance(v, numbers.Integral)
-            if bad or (lo is not None and v < lo):
-                at_least = f" >= {lo}" if lo is not None else ""
-                raise ValueError(f"deberta.Config.{name} must be an integer{at_least}; got {v!r}")
-            object.__setattr__(self, name, int(v))
-
-        def real(name: str, lo: float, hi: float) -> None:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not lo <= v < hi:
-                raise ValueError(
-                    f"deberta.Config.{name} must be a float in [{lo}, {hi}); got {v!r}"
-                )
-            object.__setattr__(self, name, float(v))
-
         for name in ("vocab_size", "d_model", "num_heads", "d_ff", "max_positions"):
-            integer(name, 1)
+            fields.integer(self, name, 1)
         for name in ("num_layers", "type_vocab_size", "pad_id"):
-            integer(name, 0)
+            fields.integer(self, name, 0)
         for name in ("position_buckets", "max_relative_positions"):
-            integer(name, None)
-        if self.d_model % self.num_heads:
-            raise ValueError(
-                f"deberta.Config.d_model={self.d_model} must be divisible by "
-                f"deberta.Config.num_heads={self.num_heads}"
-            )
-        real("layer_norm_eps", 0.0, math.inf)
-        real("dropout", 0.0, 1.0)
-        real("attention_dropout", 0.0, 1.0)
-        real("initializer_range", 0.0, math.inf)
+            fields.integer(self, name)
+        fields.divisible(self, "d_model", "num_heads")
+        fields.real(self, "layer_norm_eps", 0.0, math.inf)
+        fields.real(self, "dropout", 0.0, 1.0)
+        fields.real(self, "attention_dropout", 0.0, 1.0)
+        fields.real(self, "initializer_range", 0.0, math.inf)
         terms = self.pos_att_type
         if isinstance(terms, str) or not all(t in disentangled.TERMS for t in terms):
             raise ValueError(
@@ -131,20 +110,9 @@ class Config:
         # One order, so equal configs are equal (and share a jit cache entry).
         object.__setattr__(self, "pos_att_type", tuple(t for t in disentangled.TERMS if t in terms))
         for name in ("share_att_key", "position_biased_input"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(
-                    f"deberta.Config.{name} must be a bool; got {getattr(self, name)!r}"
-                )
-        if self.pooler_act not in ACTIVATIONS:
-            raise ValueError(
-                f"deberta.Config.pooler_act must be one of {tuple(ACTIVATIONS)}; got "
-                f"{self.pooler_act!r}"
-            )
-        if self.norm_rel_ebd not in NORM_REL_EBD:
-            raise ValueError(
-                f"deberta.Config.norm_rel_ebd must be one of {NORM_REL_EBD}; got "
-                f"{self.norm_rel_ebd!r}"
-            )
+            fields.flag(self, name)
+        fields.choice(self, "pooler_act", tuple(ACTIVATIONS))
+        fields.choice(self, "norm_rel_ebd", NORM_REL_EBD)
         if self.position_buckets == 1 or (
             self.position_buckets > 1 and self.max_relative - 1 <= self.position_buckets // 2
         ):
@@ -153,10 +121,7 @@ class Config:
                 f"position ({self.max_relative}) above position_buckets // 2 + 1; got "
                 f"position_buckets={self.position_buckets}"
             )
-        if self.dtype not in DTYPES:
-            raise ValueError(
-                f"deberta.Config.dtype must be one of {sorted(DTYPES)}; got {self.dtype!r}"
-            )
+        fields.choice(self, "dtype", sorted(DTYPES))
 
     @property
     def max_length(self) -> int:
@@ -195,14 +160,23 @@ def score(cfg: Config) -> scores.Score:
 
 def init(key: jax.Array, cfg: Config) -> dict:
     """Random float32 params (layout in the module docstring): weights ~ N(0, initializer_range²)
-    as transformers draws them, biases 0, LayerNorm 1 and 0."""
-    d, f, std = cfg.d_model, cfg.d_ff, cfg.initializer_range
+    as transformers draws them, biases 0, LayerNorm 1 and 0; the blocks as
+    `attn.encoders.blocks.init` draws them."""
+    d, std = cfg.d_model, cfg.initializer_range
 
     def normal(k: jax.Array, *shape: int) -> jax.Array:
         return std * jax.random.normal(k, shape, jnp.float32)
 
-    def dense(k: jax.Array, d_in: int, d_out: int) -> dict:
-        return {"w": normal(k, d_in, d_out), "b": jnp.zeros((d_out,), jnp.float32)}
+    def position_projections(k: jax.Array, cfg: Config) -> dict:
+        """A layer's own projections of the relative embeddings (when not share_att_key)."""
+        k_pk, k_pq = jax.random.split(k)
+        p = {}
+        if not cfg.share_att_key:
+            if "c2p" in cfg.pos_att_type:
+                p["pos_k"] = {"w": normal(k_pk, d, d), "b": jnp.zeros((d,), jnp.float32)}
+            if "p2c" in cfg.pos_att_type:
+                p["pos_q"] = {"w": normal(k_pq, d, d), "b": jnp.zeros((d,), jnp.float32)}
+        return p
 
     k_tok, k_pos, k_type, k_rel, k_layers = jax.random.split(key, 5)
     e: dict[str, Any] = {"tokens": normal(k_tok, cfg.vocab_size, d)}
@@ -214,27 +188,8 @@ def init(key: jax.Array, cfg: Config) -> dict:
     e["relative"] = normal(k_rel, 2 * cfg.span, d)
     if cfg.norm_rel_ebd == "layer_norm":
         e["relative_ln"] = layers.layer_norm_init(d)
-    params: dict[str, Any] = {"embed": e}
-    for i, k in enumerate(jax.random.split(k_layers, cfg.num_layers)):
-        k_q, k_k, k_v, k_o, k_pk, k_pq, k1, k2 = jax.random.split(k, 8)
-        p = {
-            "mha": {
-                n: dense(kw, d, d) for n, kw in (("q", k_q), ("k", k_k), ("v", k_v), ("o", k_o))
-            }
-        }
-        if not cfg.share_att_key:
-            if "c2p" in cfg.pos_att_type:
-                p["pos_k"] = dense(k_pk, d, d)
-            if "p2c" in cfg.pos_att_type:
-                p["pos_q"] = dense(k_pq, d, d)
-        p.update(
-            ln_att=layers.layer_norm_init(d),
-            ff1=dense(k1, d, f),
-            ff2=dense(k2, f, d),
-            ln_ff=layers.layer_norm_init(d),
-        )
-        params[f"layer_{i}"] = p
-    return params
+    blocks_ = blocks.init(k_layers, cfg, layer_keys(cfg), extra=position_projections)
+    return {"embed": e, **blocks_}
 
 
 def _check_inputs(
@@ -307,7 +262,7 @@ def _relative(params: dict, cfg: Config) -> jax.Array:
 
 
 def _with_tables(p: dict, rel_rxD: jax.Array, cfg: Config) -> dict:
-    """The layer's multihead params with the score's params: its projections of the relative
+    """The layer's params with the score's params in "mha": its projections of the relative
     embeddings, per head [H, 2S, K] (keys "pos_key_rxK" for c2p, "pos_query_rxK" for p2c)."""
     projections = {
         "c2p": ("pos_key_rxK", p["mha"]["k"] if cfg.share_att_key else p.get("pos_k")),
@@ -317,7 +272,22 @@ def _with_tables(p: dict, rel_rxD: jax.Array, cfg: Config) -> dict:
     for term in cfg.pos_att_type:
         name, dense = projections[term]
         tables[name] = multihead.heads(dense, rel_rxD, cfg.num_heads).swapaxes(0, 1)
-    return {**p["mha"], "score": tables}
+    return {**p, "mha": {**p["mha"], "score": tables}}
+
+
+def _terms(params: dict, cfg: Config, *, train: bool) -> blocks.Terms:
+    """The disentangled score's position tables as each layer's attention terms: the relative
+    embeddings, dropped out once per layer in training (they are shared by the batch, so one
+    draw; the examples' masks come from the rest of the layer's key), through the layer's
+    projections."""
+    rel_rxD = _relative(params, cfg)
+
+    def terms(p: dict, rng: jax.Array | None) -> tuple[dict, jax.Array | None]:
+        r_rel, r_examples = jax.random.split(rng) if rng is not None else (None, None)
+        rel_i = layers.dropout(rel_rxD, cfg.dropout, train=train, rng=r_rel)
+        return _with_tables(p, rel_i, cfg), r_examples
+
+    return terms
 
 
 def _attend(attend: multihead.Attend, sc: scores.Score) -> multihead.Attend:
@@ -347,36 +317,6 @@ def _attend(attend: multihead.Attend, sc: scores.Score) -> multihead.Attend:
     if isinstance(attend, Attention):
         return dataclasses.replace(attend, score=sc)
     return functools.partial(attend, score=sc)
-
-
-def _block(
-    p: dict,
-    x_LxD: jax.Array,
-    mask_L: jax.Array,
-    rng: jax.Array | None,
-    *,
-    cfg: Config,
-    attend: multihead.Attend,
-    train: bool,
-) -> tuple[jax.Array, jax.Array | None]:
-    """One post-LayerNorm block on one sequence [L, D] -> (output [L, D], the attention weights
-    [H, L, L] before dropout, or None when the implementation does not form them). p is the
-    layer's params with the score's tables in p["mha"]["score"]."""
-    r_w, r_att, r_ff = jax.random.split(rng, 3) if rng is not None else (None, None, None)
-    a_LxD, w_HxLxL = multihead.apply(
-        p["mha"],
-        x_LxD,
-        mask_L,
-        num_heads=cfg.num_heads,
-        attend=attend,
-        dropout_rate=cfg.attention_dropout if train else 0.0,
-        dropout_rng=r_w,
-    )
-    a_LxD = layers.dropout(a_LxD, cfg.dropout, train=train, rng=r_att)
-    x_LxD = layers.layer_norm(p["ln_att"], x_LxD + a_LxD, cfg.layer_norm_eps)
-    h_LxF = jax.nn.gelu(layers.dense(p["ff1"], x_LxD), approximate=False)
-    f_LxD = layers.dropout(layers.dense(p["ff2"], h_LxF), cfg.dropout, train=train, rng=r_ff)
-    return layers.layer_norm(p["ln_ff"], x_LxD + f_LxD, cfg.layer_norm_eps), w_HxLxL
 
 
 def encode(
@@ -418,24 +358,17 @@ def encode(
         rng=r_embed,
         delta_BxLxD=embed_delta_BxLxD,
     )
-    mask_BxL = jnp.asarray(mask_BxL)
-    rel_rxD = _relative(params, cfg)
-    block = functools.partial(_block, cfg=cfg, attend=attend, train=train)
-    batch = x_BxLxD.shape[0]
-    weights = []
-    for i in range(cfg.num_layers):
-        r_rel, r_B = None, None
-        if r_layers is not None:
-            # The relative embeddings' dropout is one draw per layer (they are shared by the
-            # batch), the rest one key per example, so examples get independent masks.
-            r_rel, r_ex = jax.random.split(jax.random.fold_in(r_layers, i))
-            r_B = jax.random.split(r_ex, batch)
-        rel_i = layers.dropout(rel_rxD, cfg.dropout, train=train, rng=r_rel)
-        p = {**params[f"layer_{i}"], "mha": _with_tables(params[f"layer_{i}"], rel_i, cfg)}
-        x_BxLxD, w_BxHxLxL = jax.vmap(block, in_axes=(None, 0, 0, None if r_B is None else 0))(
-            p, x_BxLxD, mask_BxL, r_B
-        )
-        weights.append(w_BxHxLxL)
+    x_BxLxD, weights = blocks.stack(
+        params,
+        cfg,
+        x_BxLxD,
+        jnp.asarray(mask_BxL),
+        layer_keys(cfg),
+        attend=attend,
+        train=train,
+        rng=r_layers,
+        terms=_terms(params, cfg, train=train),
+    )
     return (x_BxLxD, weights) if return_weights else x_BxLxD
 
 
@@ -447,22 +380,16 @@ def attention_steps(
     raw scores are content + the position terms, the scaled ones (what the softmax sees) those
     divided by √(K·(1+#terms)) (`Steps.score` says so). The blocks are post-LayerNorm, so X is
     the layer's input as it is."""
-    if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
-        raise TypeError(f"layer must be an int; got {layer!r}")
-    if not 0 <= layer < cfg.num_layers:
-        raise ValueError(f"layer must be in [0, {cfg.num_layers}); got {layer}")
-    ids_L, mask_L = jnp.asarray(ids_L), jnp.asarray(mask_L)
-    if ids_L.ndim != 1:
-        raise ValueError(f"token ids must be one sequence [L]; got shape {ids_L.shape}")
-    below, cfg_below = first_layers(params, cfg, layer)  # layer 0: the embeddings alone
-    x_LxD = encode(below, cfg_below, ids_L[None], mask_L[None])[0]
-    p = params[f"layer_{layer}"]
-    return multihead.steps(
-        _with_tables(p, _relative(params, cfg), cfg),
-        x_LxD,
+    return blocks.steps(
+        encode,
+        params,
+        cfg,
+        ids_L,
         mask_L,
-        num_heads=cfg.num_heads,
+        layer=layer,
         score=score(cfg),
+        terms=_terms(params, cfg, train=False),
+        below=attention,
     )
 
 

@@ -13,8 +13,8 @@ each stored tensor (names after the "distilbert." prefix of task models):
                                                     layer_N.ff2.{w [F, D] (transposed), b}
     transformer.layer.N.output_layer_norm.*         layer_N.ln_ff
 
-Linear weights are stored [out, in] and heads are contiguous column blocks, as in BERT
-(`attn.encoders.bert.checkpoint`). Skipped and reported: the buffer embeddings.position_ids, and
+Linear weights are stored [out, in] (`attn.encoders.rules`) and heads are contiguous column
+blocks, as in BERT. Skipped and reported: the buffer embeddings.position_ids, and
 the task heads vocab_transform.*, vocab_layer_norm.*, vocab_projector.* (DistilBertForMaskedLM),
 pre_classifier.* and classifier.* (DistilBertForSequenceClassification; classifier.* also
 DistilBertForTokenClassification's; a sequence classifier's are its head's, `head`).
@@ -23,9 +23,10 @@ DistilBertForTokenClassification's; a sequence classifier's are its head's, `hea
 from collections.abc import Mapping
 from typing import Any
 
-from attn.encoders.bert.checkpoint import layer_norm, linear
 from attn.encoders.distilbert.model import Config
-from attn.encoders.hub import CheckpointError, Rule, config_keys
+from attn.encoders.fields import built, config_from, config_keys
+from attn.encoders.hub import Rule
+from attn.encoders.rules import block
 
 __all__ = ["ARCHITECTURES", "MODEL_TYPES", "PREFIXES", "from_hf", "rules", "skip", "to_hf"]
 
@@ -74,10 +75,7 @@ def rules(cfg: Config) -> dict[str, tuple[Rule, ...]]:
     """Stored name (no prefix) -> where it goes, for every parameter."""
     out = {name: (Rule(path),) for name, path in _EMBED.items()}
     for i in range(cfg.num_layers):
-        for name, path in _LINEAR.items():
-            out.update(linear(f"transformer.layer.{i}.{name}", (f"layer_{i}", *path)))
-        for name, norm in _NORMS.items():
-            out.update(layer_norm(f"transformer.layer.{i}.{name}", (f"layer_{i}", norm)))
+        out.update(block(f"transformer.layer.{i}", (f"layer_{i}",), _LINEAR, _NORMS))
     return out
 
 
@@ -105,18 +103,10 @@ def from_hf(hf: Mapping[str, Any], names: frozenset[str], where: str) -> Config:
         faults.append(
             f"sinusoidal_pos_embds {hf['sinusoidal_pos_embds']!r} (only learned positions, false)"
         )
-    missing = [key for key, default in _CONFIG_KEYS.values() if default is None and key not in hf]
-    if missing:
-        faults.append(f"no {', '.join(missing)}")
-    if faults:
-        raise CheckpointError(f"{where}: config.json is not supported: {'; '.join(faults)}")
-    kw = {field: hf.get(key, default) for field, (key, default) in _CONFIG_KEYS.items()}
+    kw = config_from(hf, _CONFIG_KEYS, where, faults)
     pad = hf.get("pad_token_id")
     kw["pad_id"] = 0 if pad is None else pad
-    try:
-        return Config(**kw)
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{where}: config.json is not supported: {e}") from None
+    return built(Config, where, **kw)
 
 
 def to_hf(cfg: Config) -> dict:

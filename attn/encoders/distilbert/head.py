@@ -9,8 +9,6 @@ pre_classifier; the class's one dropout rate (seq_classif_dropout) is the classi
 import jax
 
 from attn.encoders import heads
-from attn.encoders.bert.checkpoint import linear
-from attn.encoders.distilbert.model import Config
 
 __all__ = ["HEAD"]
 
@@ -22,39 +20,6 @@ _CLASSES = heads.Classes(
     pretrained="DistilBertPreTrainedModel",
 )
 
-
-def _init(key: jax.Array, cfg: Config, pooling: str) -> dict:
-    del pooling
-    return {"dense": heads.dense_init(key, cfg.d_model, cfg.initializer_range)}
-
-
-def _apply(
-    pool: dict,
-    encoder: dict,
-    cfg: Config,
-    h_BxLxD: jax.Array,
-    mask_BxL: jax.Array,
-    pooling: str,
-    *,
-    dropout: float,
-    train: bool,
-    rng: jax.Array | None,
-) -> jax.Array:
-    del encoder, cfg, mask_BxL, pooling, dropout
-    return heads.first_token_dense(
-        pool["dense"], h_BxLxD, act=jax.nn.relu, dropout=0.0, train=train, rng=rng
-    )
-
-
-HEAD = heads.Head(
-    poolings=("cls",),
-    init=_init,
-    apply=_apply,
-    classes=lambda cfg: _CLASSES,
-    rules=lambda cfg, pooling: {
-        **linear("pre_classifier", ("pool", "dense")),
-        **heads.final_linear("classifier"),
-    },
-    from_hf=heads.fixed_pooling,
-    to_hf=lambda cfg, pooling: {},
+HEAD = heads.dense_head(
+    lambda cfg: _CLASSES, "pre_classifier", "classifier", lambda cfg: jax.nn.relu
 )

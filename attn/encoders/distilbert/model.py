@@ -1,6 +1,6 @@
 """The DistilBERT encoder as pure functions: BERT's post-LayerNorm blocks
-(`attn.encoders.bert.model.blocks`) over its own embeddings, which have no token types; its
-checkpoint rules are `attn.encoders.distilbert.checkpoint`.
+(`attn.encoders.blocks`) over its own embeddings, which have no token types; its checkpoint rules
+are `attn.encoders.distilbert.checkpoint`.
 
     x = LN(word[ids] + position[0..L-1])                         embeddings
     x = LN(x + Dropout(MHA(x)))                                  each of num_layers blocks,
@@ -13,14 +13,13 @@ linear in L, "xla"). A padding key is masked, as in BERT.
 
 Params (plain dicts, float32): BERT's without token types and pooler,
     {"embed": {"tokens": [V, D], "positions": [P, D], "ln": layer norm},
-     "layer_0" ... "layer_{n-1}": BERT's blocks (`attn.encoders.bert.model`)}
+     "layer_0" ... "layer_{n-1}": the blocks (`attn.encoders.blocks`)}
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from typing import Any
 
 import jax
@@ -29,8 +28,8 @@ import jax.numpy as jnp
 from attn import layers, multihead, scores
 from attn.attention import attention
 from attn.classifier import DTYPES
-from attn.encoders.bert import model as bert_model
-from attn.encoders.family import checked_inputs, lookup
+from attn.encoders import blocks, fields
+from attn.encoders.family import checked_inputs, layer_keys, lookup
 
 __all__ = [
     "Config",
@@ -62,21 +61,14 @@ class Config:
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "num_heads", "d_ff", "max_positions"):
-            _integer(self, name, 1)
+            fields.integer(self, name, 1)
         for name in ("num_layers", "pad_id"):
-            _integer(self, name, 0)
-        if self.d_model % self.num_heads:
-            raise ValueError(
-                f"distilbert.Config.d_model={self.d_model} must be divisible by "
-                f"distilbert.Config.num_heads={self.num_heads}"
-            )
-        _real(self, "dropout", 0.0, 1.0)
-        _real(self, "attention_dropout", 0.0, 1.0)
-        _real(self, "initializer_range", 0.0, math.inf)
-        if self.dtype not in DTYPES:
-            raise ValueError(
-                f"distilbert.Config.dtype must be one of {sorted(DTYPES)}; got {self.dtype!r}"
-            )
+            fields.integer(self, name, 0)
+        fields.divisible(self, "d_model", "num_heads")
+        fields.real(self, "dropout", 0.0, 1.0)
+        fields.real(self, "attention_dropout", 0.0, 1.0)
+        fields.real(self, "initializer_range", 0.0, math.inf)
+        fields.choice(self, "dtype", sorted(DTYPES))
 
     @property
     def layer_norm_eps(self) -> float:
@@ -89,23 +81,9 @@ class Config:
         return self.max_positions
 
 
-def _integer(cfg: Config, name: str, lo: int) -> None:
-    v = getattr(cfg, name)
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
-        raise ValueError(f"distilbert.Config.{name} must be an integer >= {lo}; got {v!r}")
-    object.__setattr__(cfg, name, int(v))
-
-
-def _real(cfg: Config, name: str, lo: float, hi: float) -> None:
-    v = getattr(cfg, name)
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not lo <= v < hi:
-        raise ValueError(f"distilbert.Config.{name} must be a float in [{lo}, {hi}); got {v!r}")
-    object.__setattr__(cfg, name, float(v))
-
-
 def init(key: jax.Array, cfg: Config) -> dict:
     """Random float32 params (layout in the module docstring): tables ~ N(0, initializer_range²),
-    BERT's blocks as `bert.model.init_blocks` draws them, LayerNorm 1 and 0."""
+    the blocks as `attn.encoders.blocks.init` draws them, LayerNorm 1 and 0."""
     std = cfg.initializer_range
     k_tok, k_pos, k_layers = jax.random.split(key, 3)
     embed_params = {
@@ -113,7 +91,7 @@ def init(key: jax.Array, cfg: Config) -> dict:
         "positions": std * jax.random.normal(k_pos, (cfg.max_positions, cfg.d_model), jnp.float32),
         "ln": layers.layer_norm_init(cfg.d_model),
     }
-    return {"embed": embed_params, **bert_model.init_blocks(k_layers, cfg)}
+    return {"embed": embed_params, **blocks.init(k_layers, cfg, layer_keys(cfg))}
 
 
 def _check_inputs(
@@ -200,8 +178,8 @@ def encode(
     x_BxLxD = embed(
         params, cfg, ids_BxL, mask_BxL, train=train, rng=r_embed, delta_BxLxD=embed_delta_BxLxD
     )
-    x_BxLxD, weights = bert_model.blocks(
-        params, cfg, x_BxLxD, mask_BxL, attend=attend, train=train, rng=r_layers
+    x_BxLxD, weights = blocks.stack(
+        params, cfg, x_BxLxD, mask_BxL, layer_keys(cfg), attend=attend, train=train, rng=r_layers
     )
     return (x_BxLxD, weights) if return_weights else x_BxLxD
 
@@ -219,7 +197,7 @@ def attention_steps(
     mask [L], as in evaluation, with the matrix form of `score` (the checkpoints': scaled_dot).
     X is the layer's input as it is (post-LayerNorm blocks): the embeddings after their
     LayerNorm for layer 0, else the previous block's output."""
-    return bert_model.layer_steps(encode, params, cfg, ids_L, mask_L, layer=layer, score=score)
+    return blocks.steps(encode, params, cfg, ids_L, mask_L, layer=layer, score=score)
 
 
 def steps_input(cfg: Config, layer: int) -> str:

@@ -8,7 +8,7 @@ stored tensor (names after the "electra." prefix of task models; X = embedding_s
     embeddings_project.{weight [D, X], bias [D]}    embed.project.{w [X, D] (transposed), b}
                                                     (only when X != D, as transformers has it)
     encoder.layer.N.*                               layer_N: BERT's blocks under BERT's names
-                                                    (`attn.encoders.bert.checkpoint.block_rules`)
+                                                    (`attn.encoders.rules.BERT_LINEARS`)
 
 Skipped and reported: the buffers embeddings.position_ids and embeddings.token_type_ids, and the
 task heads discriminator_predictions.* (ElectraForPreTraining: the discriminator checkpoints),
@@ -20,9 +20,10 @@ classifier.* (ElectraForSequenceClassification, whose head `head` reads for a cl
 from collections.abc import Mapping
 from typing import Any
 
-from attn.encoders.bert.checkpoint import block_rules, linear
 from attn.encoders.electra.model import Config
-from attn.encoders.hub import CheckpointError, Rule, config_keys
+from attn.encoders.fields import built, config_from, config_keys
+from attn.encoders.hub import Rule
+from attn.encoders.rules import BERT_LINEARS, BERT_NORMS, block, linear
 
 __all__ = ["ARCHITECTURES", "MODEL_TYPES", "PREFIXES", "from_hf", "rules", "skip", "to_hf"]
 
@@ -64,7 +65,8 @@ def rules(cfg: Config) -> dict[str, tuple[Rule, ...]]:
     out = {name: (Rule(path),) for name, path in _EMBED.items()}
     if cfg.projected:
         out.update(linear("embeddings_project", ("embed", "project")))
-    out.update(block_rules(cfg.num_layers))
+    for i in range(cfg.num_layers):
+        out.update(block(f"encoder.layer.{i}", (f"layer_{i}",), BERT_LINEARS, BERT_NORMS))
     return out
 
 
@@ -96,18 +98,10 @@ def from_hf(hf: Mapping[str, Any], names: frozenset[str], where: str) -> Config:
         )
     if hf.get("is_decoder") or hf.get("add_cross_attention"):
         faults.append("a decoder (is_decoder / add_cross_attention; only encoders)")
-    missing = [key for key, default in _CONFIG_KEYS.values() if default is None and key not in hf]
-    if missing:
-        faults.append(f"no {', '.join(missing)}")
-    if faults:
-        raise CheckpointError(f"{where}: config.json is not supported: {'; '.join(faults)}")
-    kw = {field: hf.get(key, default) for field, (key, default) in _CONFIG_KEYS.items()}
+    kw = config_from(hf, _CONFIG_KEYS, where, faults)
     pad = hf.get("pad_token_id")
     kw["pad_id"] = 0 if pad is None else pad
-    try:
-        return Config(**kw)
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{where}: config.json is not supported: {e}") from None
+    return built(Config, where, **kw)
 
 
 def to_hf(cfg: Config) -> dict:

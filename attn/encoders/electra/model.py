@@ -1,7 +1,7 @@
 """The ELECTRA encoder (the discriminator's, and the generator's body) as pure functions: BERT's
 embeddings at their own width X = embedding_size, projected to the model width D when the two
-differ, then BERT's post-LayerNorm blocks (`attn.encoders.bert.model.blocks`); its checkpoint
-rules are `attn.encoders.electra.checkpoint`.
+differ, then BERT's post-LayerNorm blocks (`attn.encoders.blocks`); its checkpoint rules are
+`attn.encoders.electra.checkpoint`.
 
     e = Dropout(LN(word[ids] + position[0..L-1] + type[types]))  [B, L, X]
     x = e W_p + b_p  if X != D, else e                             [B, L, D] embeddings_project
@@ -14,14 +14,13 @@ it ("matrix", "chunked" with memory linear in L, "xla").
 Params (plain dicts, float32):
     {"embed": {"tokens": [V, X], "positions": [P, X], "types": [T, X], "ln": layer norm [X],
                "project": dense X->D, only if X != D},
-     "layer_0" ... "layer_{n-1}": BERT's blocks (`attn.encoders.bert.model`)}
+     "layer_0" ... "layer_{n-1}": the blocks (`attn.encoders.blocks`)}
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from typing import Any
 
 import jax
@@ -31,8 +30,8 @@ import numpy as np
 from attn import layers, multihead, scores
 from attn.attention import attention
 from attn.classifier import DTYPES
-from attn.encoders.bert import model as bert_model
-from attn.encoders.family import checked_inputs, lookup
+from attn.encoders import blocks, fields
+from attn.encoders.family import checked_inputs, layer_keys, lookup
 
 __all__ = [
     "Config",
@@ -75,22 +74,15 @@ class Config:
             "max_positions",
             "type_vocab_size",
         ):
-            _integer(self, name, 1)
+            fields.integer(self, name, 1)
         for name in ("num_layers", "pad_id"):
-            _integer(self, name, 0)
-        if self.d_model % self.num_heads:
-            raise ValueError(
-                f"electra.Config.d_model={self.d_model} must be divisible by "
-                f"electra.Config.num_heads={self.num_heads}"
-            )
-        _real(self, "layer_norm_eps", 0.0, math.inf)
-        _real(self, "dropout", 0.0, 1.0)
-        _real(self, "attention_dropout", 0.0, 1.0)
-        _real(self, "initializer_range", 0.0, math.inf)
-        if self.dtype not in DTYPES:
-            raise ValueError(
-                f"electra.Config.dtype must be one of {sorted(DTYPES)}; got {self.dtype!r}"
-            )
+            fields.integer(self, name, 0)
+        fields.divisible(self, "d_model", "num_heads")
+        fields.real(self, "layer_norm_eps", 0.0, math.inf)
+        fields.real(self, "dropout", 0.0, 1.0)
+        fields.real(self, "attention_dropout", 0.0, 1.0)
+        fields.real(self, "initializer_range", 0.0, math.inf)
+        fields.choice(self, "dtype", sorted(DTYPES))
 
     @property
     def projected(self) -> bool:
@@ -103,24 +95,10 @@ class Config:
         return self.max_positions
 
 
-def _integer(cfg: Config, name: str, lo: int) -> None:
-    v = getattr(cfg, name)
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
-        raise ValueError(f"electra.Config.{name} must be an integer >= {lo}; got {v!r}")
-    object.__setattr__(cfg, name, int(v))
-
-
-def _real(cfg: Config, name: str, lo: float, hi: float) -> None:
-    v = getattr(cfg, name)
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not lo <= v < hi:
-        raise ValueError(f"electra.Config.{name} must be a float in [{lo}, {hi}); got {v!r}")
-    object.__setattr__(cfg, name, float(v))
-
-
 def init(key: jax.Array, cfg: Config) -> dict:
     """Random float32 params (layout in the module docstring): tables and the projection's
-    weight ~ N(0, initializer_range²), biases 0, LayerNorm 1 and 0, BERT's blocks as
-    `bert.model.init_blocks` draws them."""
+    weight ~ N(0, initializer_range²), biases 0, LayerNorm 1 and 0, the blocks as
+    `attn.encoders.blocks.init` draws them."""
     x, std = cfg.embedding_size, cfg.initializer_range
 
     def normal(k: jax.Array, *shape: int) -> jax.Array:
@@ -138,7 +116,7 @@ def init(key: jax.Array, cfg: Config) -> dict:
             "w": normal(k_proj, x, cfg.d_model),
             "b": jnp.zeros((cfg.d_model,), jnp.float32),
         }
-    return {"embed": embed_params, **bert_model.init_blocks(k_layers, cfg)}
+    return {"embed": embed_params, **blocks.init(k_layers, cfg, layer_keys(cfg))}
 
 
 def _check_inputs(
@@ -247,8 +225,15 @@ def encode(
         rng=r_embed,
         delta_BxLxX=embed_delta_BxLxD,
     )
-    x_BxLxD, weights = bert_model.blocks(
-        params, cfg, x_BxLxD, jnp.asarray(mask_BxL), attend=attend, train=train, rng=r_layers
+    x_BxLxD, weights = blocks.stack(
+        params,
+        cfg,
+        x_BxLxD,
+        jnp.asarray(mask_BxL),
+        layer_keys(cfg),
+        attend=attend,
+        train=train,
+        rng=r_layers,
     )
     return (x_BxLxD, weights) if return_weights else x_BxLxD
 
@@ -267,7 +252,7 @@ def attention_steps(
     checkpoints': scaled_dot). X is the layer's input as it is (post-LayerNorm blocks): for
     layer 0 the embeddings after their LayerNorm and the projection, else the previous block's
     output."""
-    return bert_model.layer_steps(encode, params, cfg, ids_L, mask_L, layer=layer, score=score)
+    return blocks.steps(encode, params, cfg, ids_L, mask_L, layer=layer, score=score)
 
 
 def steps_input(cfg: Config, layer: int) -> str:

@@ -24,8 +24,9 @@ classifier.*; a sequence classifier's head.* and classifier.* are its head's (`h
 from collections.abc import Mapping
 from typing import Any
 
+from attn.encoders.fields import built, config_from, config_keys
 from attn.encoders.heads import ACTIVATIONS
-from attn.encoders.hub import CheckpointError, Rule, config_keys
+from attn.encoders.hub import Rule
 from attn.encoders.modernbert.model import Config
 
 __all__ = ["ARCHITECTURES", "MODEL_TYPES", "PREFIXES", "from_hf", "rules", "skip", "to_hf"]
@@ -118,23 +119,15 @@ def from_hf(hf: Mapping[str, Any], names: frozenset[str], where: str) -> Config:
         or scaling.get("rope_type", scaling.get("type")) not in (None, "default")
     ):
         faults.append(f"rope_scaling {scaling!r} (only plain rotary positions)")
-    missing = [key for key, default in _CONFIG_KEYS.values() if default is None and key not in hf]
-    if missing:
-        faults.append(f"no {', '.join(missing)}")
     act = hf.get("classifier_activation", "gelu")
     if act not in ACTIVATIONS:
         faults.append(f"classifier_activation {act!r} (one of {', '.join(ACTIVATIONS)})")
-    if faults:
-        raise CheckpointError(f"{where}: config.json is not supported: {'; '.join(faults)}")
-    kw = {field: hf.get(key, default) for field, (key, default) in _CONFIG_KEYS.items()}
+    kw = config_from(hf, _CONFIG_KEYS, where, faults)
     kw["classifier_bias"] = hf.get("classifier_bias", False)
     kw["classifier_act"] = act
     local_theta = hf.get("local_rope_theta", 10000.0)
     kw["local_theta"] = kw["global_theta"] if local_theta is None else local_theta
-    try:
-        return Config(**kw)
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{where}: config.json is not supported: {e}") from None
+    return built(Config, where, **kw)
 
 
 def to_hf(cfg: Config) -> dict:

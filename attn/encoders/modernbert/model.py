@@ -42,6 +42,7 @@ import numpy as np
 from attn import layers, masks, multihead, positions
 from attn.attention import attention
 from attn.classifier import DTYPES
+from attn.encoders import fields
 from attn.encoders.family import checked_inputs, lookup
 from attn.encoders.heads import ACTIVATIONS
 
@@ -87,52 +88,26 @@ class Config:
     classifier_act: str = "gelu"
 
     def __post_init__(self):
-        def integer(name: str, lo: int) -> None:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
-                raise ValueError(f"modernbert.Config.{name} must be an integer >= {lo}; got {v!r}")
-            object.__setattr__(self, name, int(v))
-
-        def real(name: str, lo: float, hi: float, closed: bool = True) -> None:
-            v = getattr(self, name)
-            inside = isinstance(v, numbers.Real) and (lo <= v < hi if closed else lo < v < hi)
-            if isinstance(v, bool) or not inside:
-                low = "[" if closed else "("
-                raise ValueError(
-                    f"modernbert.Config.{name} must be a float in {low}{lo}, {hi}); got {v!r}"
-                )
-            object.__setattr__(self, name, float(v))
-
         for name in ("vocab_size", "d_model", "num_heads", "d_ff", "max_positions"):
-            integer(name, 1)
+            fields.integer(self, name, 1)
         for name in ("num_layers", "pad_id", "local_window"):
-            integer(name, 0)
-        integer("global_every", 1)
+            fields.integer(self, name, 0)
+        fields.integer(self, "global_every", 1)
         if self.d_model % self.num_heads or (self.d_model // self.num_heads) % 2:
             raise ValueError(
                 f"modernbert.Config.d_model={self.d_model} must be num_heads={self.num_heads} "
                 "heads of an even width (rotary turns a head's channels in pairs)"
             )
-        real("global_theta", 0.0, math.inf, closed=False)
-        real("local_theta", 0.0, math.inf, closed=False)
-        real("norm_eps", 0.0, math.inf)
-        real("embedding_dropout", 0.0, 1.0)
-        real("dropout", 0.0, 1.0)
-        real("attention_dropout", 0.0, 1.0)
-        real("initializer_range", 0.0, math.inf)
-        if self.dtype not in DTYPES:
-            raise ValueError(
-                f"modernbert.Config.dtype must be one of {sorted(DTYPES)}; got {self.dtype!r}"
-            )
-        if not isinstance(self.classifier_bias, bool):
-            raise ValueError(
-                f"modernbert.Config.classifier_bias must be a bool; got {self.classifier_bias!r}"
-            )
-        if self.classifier_act not in ACTIVATIONS:
-            raise ValueError(
-                f"modernbert.Config.classifier_act must be one of {tuple(ACTIVATIONS)}; got "
-                f"{self.classifier_act!r}"
-            )
+        fields.real(self, "global_theta", 0.0, math.inf, closed=False)
+        fields.real(self, "local_theta", 0.0, math.inf, closed=False)
+        fields.real(self, "norm_eps", 0.0, math.inf)
+        fields.real(self, "embedding_dropout", 0.0, 1.0)
+        fields.real(self, "dropout", 0.0, 1.0)
+        fields.real(self, "attention_dropout", 0.0, 1.0)
+        fields.real(self, "initializer_range", 0.0, math.inf)
+        fields.choice(self, "dtype", sorted(DTYPES))
+        fields.flag(self, "classifier_bias")
+        fields.choice(self, "classifier_act", tuple(ACTIVATIONS))
 
     @property
     def max_length(self) -> int:

@@ -1,4 +1,4 @@
-"""Tiny random-init reference checkpoints for seven Hugging Face encoder families, made by
+"""Tiny random-init reference checkpoints for eight Hugging Face encoder families, made by
 transformers (PyTorch) itself, which attn never imports: run this file in a separate environment
 that has it, from the repository root, e.g.
 
@@ -7,13 +7,13 @@ that has it, from the repository root, e.g.
         sentencepiece protobuf
     /tmp/refvenv/bin/python tests/data/encoders/make_tiny.py
 
-For each model type bert, roberta, xlm-roberta, distilbert, electra, modernbert and deberta-v2
-it writes, next to this file:
+For each model type bert, roberta, xlm-roberta, distilbert, electra, modernbert, deberta-v2 and
+albert it writes, next to this file:
 
   tiny_<type>/             the base model (hidden 32, 4 heads, intermediate 48, 2 layers, 3 for
-                           modernbert) with EVERY parameter redrawn at random (weights and biases
-                           normal(0, 0.3), LayerNorm weights 1 + normal(0, 0.3), so a wrong key
-                           mapping or a dropped bias shows), saved by save_pretrained as
+                           modernbert and albert) with EVERY parameter redrawn at random (weights
+                           and biases normal(0, 0.3), LayerNorm weights 1 + normal(0, 0.3), so a
+                           wrong key mapping or a dropped bias shows), saved by save_pretrained as
                            config.json + model.safetensors, and the family's tokenizer files in the
                            format its hub checkpoints ship, learned here from corpus() (BPE and
                            WordPiece merges by this file, ties broken alphabetically, SentencePiece
@@ -38,15 +38,20 @@ it writes, next to this file:
 
 Every tiny_* directory also holds the same weights as pytorch_model.bin (save_pretrained with
 safe_serialization=False) and, for the types transformers had Flax classes for (bert, roberta,
-xlm-roberta, distilbert, electra), as flax_model.msgpack (transformers' Flax model converted from
-PyTorch); formats/ holds tiny_bert's weights written the other ways a checkpoint comes: bfloat16
-and float16 .bin, sharded .bin and msgpack with their index, torch's legacy (pre-zip) format.
+xlm-roberta, distilbert, electra, albert), as flax_model.msgpack (transformers' Flax model
+converted from PyTorch); formats/ holds tiny_bert's weights written the other ways a checkpoint
+comes: bfloat16 and float16 .bin, sharded .bin and msgpack with their index, torch's legacy
+(pre-zip) format.
 
 plus tiny_deberta-v2-variant/ and its golden (no classifier): the other DeBERTa-v2 code paths
 (separate position projections, c2p only, absolute positions added, plain clipping of i - j, no
 LayerNorm on the relative embeddings, token types). versions.json records the library versions.
 Every draw has a fixed seed and every file is written byte for byte the same on a rerun with the
-same versions. Before writing a golden each directory is reloaded with
+same versions on the same CPU, but formats/legacy's .bin (torch's legacy format keys each storage
+by its memory address); on another CPU the checkpoints and tokenizer files still are, but
+PyTorch's kernels round the goldens' outputs differently (by up to 3e-6 in float32 and 6e-7 in
+modernbert's float64 on an AMD EPYC, against the files here), so keep the committed goldens of
+families you did not change. Before writing a golden each directory is reloaded with
 from_pretrained(output_loading_info=True): nothing may be missing, unexpected or mismatched, and
 every tensor must equal the one drawn.
 """
@@ -244,15 +249,16 @@ def modernbert_bpe(directory: str) -> transformers.PreTrainedTokenizerBase:
 NORMALIZATION_RULES = "FF0C\t2C\n3002\t2E\nFF01\t21\n3000\t20\n"
 
 
-def sentencepiece_model(path: str, **ids: object) -> None:
-    """A SentencePiece unigram model trained on the corpus (one thread, so the same every run),
-    written to path + ".model" without the temporary paths training records in it."""
+def sentencepiece_model(path: str, lowercase: bool = False, **ids: object) -> None:
+    """A SentencePiece unigram model trained on the corpus (lower-cased with `lowercase`; one
+    thread, so the same every run), written to path + ".model" without the temporary paths
+    training records in it."""
     rules = path + ".rules.tsv"
     with open(rules, "w", encoding="utf-8") as f:
         f.write(NORMALIZATION_RULES)
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(corpus()),
+        sentence_iterator=iter([t.lower() for t in corpus()] if lowercase else corpus()),
         model_writer=model,
         model_type="unigram",
         vocab_size=300,  # an upper bound: the corpus gives fewer pieces
@@ -292,6 +298,20 @@ def deberta_spm(directory: str) -> transformers.PreTrainedTokenizerBase:
         pad_piece="[PAD]", bos_piece="[CLS]", eos_piece="[SEP]", unk_piece="[UNK]",
     )  # fmt: skip
     return transformers.DebertaV2Tokenizer(vocab_file=prefix + ".model", do_lower_case=False)
+
+
+def albert_spm(directory: str) -> transformers.PreTrainedTokenizerBase:
+    """ALBERT's tokenizer as albert-base-v2 ships it: spiece.model (a SentencePiece unigram model
+    of lower-cased text with <pad> 0 <unk> 1 [CLS] 2 [SEP] 3 [MASK] 4) and the tokenizer.json
+    transformers converts it to (lower-casing, accents stripped)."""
+    prefix = os.path.join(directory, "spiece")
+    sentencepiece_model(
+        prefix, lowercase=True,
+        pad_id=0, unk_id=1, bos_id=2, eos_id=3,
+        pad_piece="<pad>", unk_piece="<unk>", bos_piece="[CLS]", eos_piece="[SEP]",
+        user_defined_symbols=["[MASK]"],
+    )  # fmt: skip
+    return transformers.AlbertTokenizerFast(vocab_file=prefix + ".model")
 
 
 def save_tokenizer(tok: transformers.PreTrainedTokenizerBase, directory: str) -> None:
@@ -382,6 +402,17 @@ def configs(name: str, tok: transformers.PreTrainedTokenizerBase) -> list[tuple]
         )  # fmt: skip
         classes = (t.ModernBertConfig, kw, t.ModernBertModel, t.ModernBertForSequenceClassification)
         return [(name, *classes)]
+    if name == "albert":
+        # One layer shared by all 3 depths, embeddings 16 wide projected to 32; GELU's tanh
+        # form (gelu_new), as the released ALBERTs have it.
+        kw = {
+            **common(n, embedding_size=16, type_vocab_size=2, layer_norm_eps=1e-12),
+            "num_hidden_layers": 3, "num_hidden_groups": 1, "inner_group_num": 1,
+            "hidden_act": "gelu_new", "pad_token_id": pad, "bos_token_id": tok.cls_token_id,
+            "eos_token_id": tok.sep_token_id,
+        }  # fmt: skip
+        classes = (t.AlbertConfig, kw, t.AlbertModel, t.AlbertForSequenceClassification)
+        return [(name, *classes)]
     assert name == "deberta-v2"
     kw = common(
         round_up(n), type_vocab_size=0, layer_norm_eps=1e-7, pad_token_id=pad,
@@ -415,6 +446,7 @@ TOKENIZERS = {
     "electra": lambda d: wordpiece(transformers.ElectraTokenizerFast, d),
     "modernbert": modernbert_bpe,
     "deberta-v2": deberta_spm,
+    "albert": albert_spm,
 }
 
 
@@ -584,7 +616,7 @@ def write_family(name: str, seed: int) -> list[str]:
 
 
 # The model types transformers had Flax classes for: their directories also get flax_model.msgpack.
-FLAX = ("bert", "roberta", "xlm-roberta", "distilbert", "electra")
+FLAX = ("bert", "roberta", "xlm-roberta", "distilbert", "electra", "albert")
 
 
 def bin_and_msgpack(directory: str, flax: bool) -> list[str]:
