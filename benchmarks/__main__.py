@@ -10,6 +10,7 @@
   python -m benchmarks finetune --bert_dir=DIR/all-MiniLM-L6-v2 --rows=imdb --imdb_path=DIR/aclImdb
   python -m benchmarks chinese --pretrained=DIR/m3e-small [--seeds=0,1,2] [--rows=...]
       [--workdirs=DIR]
+  python -m benchmarks audit --workdirs=DIR
   python -m benchmarks peers --bert_dir=DIR/all-MiniLM-L6-v2
   python -m benchmarks device [--quick] [--imdb_path=DIR/aclImdb] [--lra_minutes=1.5]
       [--parts=attention,train,lra,bert,finetune] [--bert_dir=DIR/all-MiniLM-L6-v2]
@@ -42,6 +43,7 @@ from absl import flags
 from benchmarks import (
     accuracy,
     attention,
+    audit,
     bert,
     chinese,
     device,
@@ -84,6 +86,9 @@ SECTIONS = {
         prev,
         save=lambda sec: _save_section(fv.out, "chinese", sec),
         workdirs=fv.workdirs,
+    ),
+    "audit": lambda fv, prev: audit.run(
+        fv.quick, audit.models_from(fv.workdirs, fv.quick, _read_out(fv).get("chinese"))
     ),
     "peers": lambda fv, prev: peers.run(fv.quick, fv.bert_dir),
     "families": lambda fv, prev: families.run(fv.quick),
@@ -132,7 +137,9 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string(
         "workdirs",
         "",
-        "`chinese`: keep each run's workdir under DIR/chinese/<row>/seed<N> (default: deleted).",
+        "`chinese`: keep each run's workdir under DIR/chinese/<row>/seed<N> (default: deleted); "
+        "`audit`: where its models are (DIR/audit/default, trained if missing; the chinese "
+        "fine-tune's seed 0).",
         flag_values=fv,
     )
 
@@ -145,6 +152,10 @@ def _read(path: str) -> dict:
             return json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise UserError(f"cannot read previous results {path!r}: {e}") from None
+
+
+def _read_out(fv: flags.FlagValues) -> dict:
+    return _read(os.path.join(fv.out, "results.json"))
 
 
 def _save_section(out: str, name: str, sec: dict) -> None:

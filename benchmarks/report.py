@@ -536,6 +536,85 @@ def _families_md(sec: dict) -> list[str]:
     return [*lines, "", *(f"No jax.nn reference: {w}." for w in sorted(why)), ""]
 
 
+def _chinese_md(sec: dict) -> list[str]:
+    from benchmarks import chinese
+
+    tfidf = sec["runs"].get("tfidf")
+    lines = [
+        f"## {SECTIONS['chinese'][0]}",
+        "",
+        f"`configs/finetune.py` on the embedded Chinese reviews with `{sec['pretrained']}`, each "
+        "row once per seed on the dataset's fixed split, read on test once; the learning rate is "
+        "chosen on validation (best mean validation accuracy over the seeds every rate ran). "
+        "Beside it the run's own char TF-IDF baseline (case kept, as the fine-tune's) and "
+        "configs/default.py from scratch (section 3). Command: "
+        f"`{SECTIONS['chinese'][1]}`.",
+        "",
+        "| row | test accuracy by seed | mean | best validation by seed | wall time per run |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for row in chinese.ROWS:
+        if row == "tfidf" or not chinese.seeds_of(sec, row):
+            continue
+        runs = chinese.seeds_of(sec, row)
+        seeds = sorted(runs, key=int)
+        test = " / ".join(f"{runs[k]['test_accuracy']:.2%}" for k in seeds)
+        val = " / ".join(f"{runs[k]['best_validation_accuracy']:.2%}" for k in seeds)
+        mean = np.mean([runs[k]["test_accuracy"] for k in seeds])
+        walls = [runs[k]["wall_s"] / 60 for k in seeds]
+        lines.append(
+            f"| {chinese.LABELS[row]} | {test} (seeds {', '.join(seeds)}) | {mean:.2%} | {val} | "
+            f"{min(walls):.0f}-{max(walls):.0f} min |"
+        )
+    if tfidf:
+        lines.append(
+            f"| {chinese.LABELS['tfidf']} | {tfidf['test_accuracy']:.2%} | | "
+            f"{tfidf['validation_accuracy'][str(tfidf['best_C'])]:.2%} (C={tfidf['best_C']:g}) | "
+            f"{tfidf['wall_s']:.0f} s |"
+        )
+    row = chinese.chosen_rate(sec)
+    if row:
+        lines += ["", f"Chosen on validation: {chinese.LABELS[row]}."]
+    return [*lines, ""]
+
+
+def _audit_md(sec: dict) -> list[str]:
+    w, u = sec["audited"]["1"], sec["audited"]["0"]
+    lines = [
+        f"## {SECTIONS['audit'][0]}",
+        "",
+        f"Confident learning (cleanlab) over 5-fold out-of-fold probabilities of char 1-3-gram "
+        f"TF-IDF + logistic regression on all {sec['num_texts']:,} texts estimates "
+        f"**{sec['noise_rate']:.1%}** of the labels wrong (the confident joint's off-diagonal "
+        f"mass: {sec['joint_off_diagonal']:.1%}); it flags {sec['flagged']:,} texts, "
+        f"{sec['test_flagged']} of the test split's {sec['num_test']:,}. Read by hand "
+        f"(`benchmarks/data/chinese_reviews_audit.csv`): {w} flagged test texts (all of them) "
+        f"and {u} unflagged ones drawn at random. The given label is wrong on "
+        f"**{sec['given_wrong']['1']:.1%}** of the flagged texts and "
+        f"**{sec['given_wrong']['0']:.1%}** of the unflagged ones that state a sentiment; "
+        f"{sec['unclear']['1']} flagged and {sec['unclear']['0']} unflagged texts state none, or "
+        "both (left out of the audited accuracies). Command: "
+        f"`{SECTIONS['audit'][1]}`.",
+        "",
+        "Each model's accuracy on the audited texts, against the given labels and the audited "
+        "ones, by stratum, and reweighted to the whole test split by the strata's sizes. The "
+        "flags come from TF-IDF's own out-of-fold probabilities, so on the flagged texts TF-IDF "
+        "disagrees with the given label by construction, and agrees with a corrected one more "
+        "often than a model that makes other errors would.",
+        "",
+        "| model | given labels: flagged / unflagged / test estimate | audited labels: flagged / "
+        "unflagged / test estimate |",
+        "| --- | --- | --- |",
+    ]
+    for name, m in sec["models"].items():
+        cells = [
+            " / ".join(f"{m[k][part]:.1%}" for part in ("flagged", "unflagged", "test_estimate"))
+            for k in ("label", "audited")
+        ]
+        lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
+    return [*lines, ""]
+
+
 def _export_md(sec: dict) -> list[str]:
     v = sec["versions"]
     lines = [
@@ -647,6 +726,14 @@ SECTIONS = {
         "10. Every encoder family: its fine-tuning step against jax.nn's attention",
         "python -m benchmarks families",
     ),
+    "chinese": (
+        "12. A pretrained Chinese encoder fine-tuned on the embedded reviews",
+        "python -m benchmarks chinese --pretrained=DIR/m3e-small --workdirs=RUNS",
+    ),
+    "audit": (
+        "13. The embedded reviews' label noise, and the accuracy it allows",
+        "python -m benchmarks audit --workdirs=RUNS",
+    ),
     "export": (
         "11. Exported classifiers loaded by transformers",
         "python benchmarks/probes/export_runs.py OUT --minilm=DIR/all-MiniLM-L6-v2; "
@@ -740,7 +827,8 @@ def write(results: dict, out: str) -> None:
         "# Benchmarks",
         "",
         "Generated by `python -m benchmarks "
-        "[attention|train|accuracy|imdb|lra|multihost|bert|finetune|peers|families|all]` on 2 "
+        "[attention|train|accuracy|imdb|lra|multihost|bert|finetune|peers|families|chinese|audit|"
+        "all]` on 2 "
         "CPU cores shared with other jobs (timings are noisy; ratios come from interleaved runs "
         "in one process). "
         "Every number is copied from `results.json`; a section that was not re-run keeps the "
@@ -760,6 +848,8 @@ def write(results: dict, out: str) -> None:
         ("peers", _peers_md),
         ("families", _families_md),
         ("export", _export_md),
+        ("chinese", _chinese_md),
+        ("audit", _audit_md),
     )
     for name, fn in sections:
         if name not in results:
