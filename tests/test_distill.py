@@ -8,6 +8,8 @@ import json
 import os
 import random
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -340,3 +342,78 @@ def test_an_epoch_counts_the_augmented_copies_where_the_data_chooses_the_schedul
     epochs = schedule[0][0]
     assert schedule[0][1] == epochs * -(-n // 32) // 13
     assert schedule[3] == (epochs, epochs * -(-4 * n // 32) // 13)
+
+
+_LOAD_WITHOUT_THE_REPOSITORY = """
+import json, sys
+# Any import of the project fails: the loader must run on jax and numpy alone.
+sys.modules.update(dict.fromkeys(["attn", "experiments", "configs", "benchmarks"]))
+sys.path.insert(0, sys.argv[1])
+import load
+model = load.Classifier(sys.argv[1])
+texts = json.loads(sys.stdin.read())
+print(json.dumps({"labels": model.label_names, "probs": model.probabilities(texts).tolist()}))
+"""
+
+
+def test_the_student_exported_with_jax_export_gives_predicts_probabilities_without_attn(
+    student, tmp_path, capsys
+):
+    out = tmp_path / "exported"
+    proc = run_here("experiments.export", f"--workdir={student}", f"--out={out}", capsys=capsys)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(os.listdir(out)) == [
+        "README.md",
+        "classifier.json",
+        "load.py",
+        "model.jax",
+        "tokenizer.json",
+        "vocab.txt",
+        "weights.npz",
+    ]
+    # Batches of any size and texts of any length, a cut one among them.
+    texts = ["质量很好", "物流很差，退货了" * 12, "hello，质量很好", "第三次买，不错", "价格"]
+    table = tmp_path / "texts.csv"
+    table.write_text("text\n" + "\n".join(texts) + "\n", encoding="utf-8")
+    predicted = tmp_path / "predicted.jsonl"
+    proc = run_here(
+        "experiments.predict",
+        f"--workdir={student}",
+        f"--path={table}",
+        f"--out={predicted}",
+        capsys=capsys,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in predicted.read_text(encoding="utf-8").splitlines()]
+    want = np.array([[r["prob_neg"], r["prob_pos"]] for r in rows])
+    loaded = subprocess.run(
+        [sys.executable, "-c", _LOAD_WITHOUT_THE_REPOSITORY, str(out)],
+        input=json.dumps(texts),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert loaded.returncode == 0, loaded.stderr
+    got = json.loads(loaded.stdout)
+    assert got["labels"] == ["neg", "pos"]
+    np.testing.assert_allclose(np.array(got["probs"]), want, rtol=0, atol=1e-6)
+    script = subprocess.run(
+        [sys.executable, str(out / "load.py"), texts[0]],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert script.stdout == f"{rows[0]['predicted']}\t{rows[0]['probability']:.3f}\n"
+    proc = run_here("experiments.export", f"--workdir={student}", f"--out={out}", capsys=capsys)
+    assert_one_line_error(proc, "exists and is not an empty directory")
+    proc = run_here(
+        "experiments.export",
+        f"--workdir={student}",
+        f"--out={tmp_path / 'o'}",
+        "--onnx",
+        capsys=capsys,
+    )
+    assert_one_line_error(proc, "--onnx")
+    assert not (tmp_path / "o").exists()
