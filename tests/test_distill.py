@@ -31,6 +31,7 @@ from configs import distill as distill_config
 from experiments import cli, parallel, predict, serving, train
 from experiments.data import chosen, datasets, encoding, transfer
 from experiments.data.splits import normalize
+from experiments.errors import UserError
 from experiments.training import distill, teacher
 
 POS = ["很好", "满意", "喜欢", "推荐", "不错", "精彩"]
@@ -417,3 +418,34 @@ def test_the_student_exported_with_jax_export_gives_predicts_probabilities_witho
     )
     assert_one_line_error(proc, "--onnx")
     assert not (tmp_path / "o").exists()
+
+
+def test_the_benchmark_section_runs_its_rows_and_renders(csv, teacher_dir, tmp_path):
+    from benchmarks import distill as bench
+    from benchmarks import docs, report
+
+    saved = []
+    rows = ["tfidf", "teacher", "soft-T2-w1-a1", "mse-w0.5-a1", "augmented-a1", "speed"]
+    sec = bench.run(
+        True, csv, teacher_dir, ["0"], rows, None, saved.append, str(tmp_path), {"0": 0.5}
+    )
+    part = sec["data"]["reviews.csv"]
+    assert set(part["runs"]) == {"soft-T2-w1-a1", "mse-w0.5-a1", "augmented-a1"}
+    val = {r: x["seeds"]["0"]["best_validation_accuracy"] for r, x in part["runs"].items()}
+    assert part["chosen"] == max(["soft-T2-w1-a1", "mse-w0.5-a1"], key=val.get)
+    assert part["runs"]["mse-w0.5-a1"]["recipe"]["distill"]["loss"] == "mse"
+    assert part["runs"]["augmented-a1"]["recipe"]["distill"]["teacher"] == ""
+    # Every distilled run but the first read the teacher's outputs the first one computed.
+    outputs = tmp_path / "distill" / "reviews.csv" / "mse-w0.5-a1" / "seed0" / teacher.OUTPUTS
+    assert outputs.exists()
+    speed = part["speed"]
+    assert speed["row"] == part["chosen"] and speed["forward"]["speedup"] > 0
+    assert set(sec["targets"]) == {"reviews.csv: above_tfidf", "reviews.csv: speed"}
+    assert len(saved) >= 5 and saved[-1] is sec
+    table = docs.distill_table(part)
+    assert "**(chosen on validation)**" in table and "no teacher" in table
+    assert "teacher" in table and "TF-IDF" in table
+    text = "\n".join(report._distill_md(sec))
+    assert docs.distill_speed(part) in text and "## 13. Distillation" in text
+    with pytest.raises(UserError, match="unknown row 'soft-T2'"):
+        bench.run(True, csv, teacher_dir, ["0"], ["soft-T2"], None, saved.append, "x", {})
