@@ -12,7 +12,7 @@
       [--workdirs=DIR]
   python -m benchmarks audit --workdirs=DIR
   python -m benchmarks distill --teacher=WORKDIR [--data_path=FILE] --workdirs=DIR
-      [--seeds=0,1,2] [--rows=tfidf,teacher,soft-T2-w1-a8,...,speed]
+      [--seeds=0,1,2] [--rows=tfidf,teacher,soft-T2-w1-a8,...,speed] [--unlabeled=FILE]
   python -m benchmarks peers --bert_dir=DIR/all-MiniLM-L6-v2
   python -m benchmarks device [--quick] [--imdb_path=DIR/aclImdb] [--lra_minutes=1.5]
       [--parts=attention,train,lra,bert,finetune] [--bert_dir=DIR/all-MiniLM-L6-v2]
@@ -105,6 +105,7 @@ SECTIONS = {
         save=lambda sec: _save_section(fv.out, "distill", sec),
         workdirs=fv.workdirs,
         alone=distill.alone(_read(os.path.join(fv.out, "results.json")), fv.data_path),
+        unlabeled=fv.unlabeled,
     ),
     "peers": lambda fv, prev: peers.run(fv.quick, fv.bert_dir),
     "families": lambda fv, prev: families.run(fv.quick),
@@ -146,6 +147,12 @@ def define_flags(fv: flags.FlagValues) -> None:
     )
     flags.DEFINE_string(
         "teacher", "", "`distill`: the teacher, a fine-tuned workdir of the data.", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "unlabeled",
+        "",
+        "`distill`: unlabeled texts (data.unlabeled) that -u rows add to the transfer set.",
+        flag_values=fv,
     )
     flags.DEFINE_list(
         "rows",

@@ -5,6 +5,7 @@ against the teacher's.
 
   python -m benchmarks distill --teacher=WORKDIR [--data_path=FILE] --workdirs=DIR
       [--seeds=0,1,2] [--rows=tfidf,teacher,soft-T2-w1-a8,mse-w1-a8,augmented-a8,speed]
+      [--unlabeled=FILE]
 
 Without --data_path the data is the embedded Chinese reviews (configs/distill.py, the student of
 configs/default.py); with it, the file split 80/10/10 by text hash (configs/distill.py:csv, the
@@ -16,6 +17,7 @@ student of configs/csv.py). A row is one of
   soft-T<t>-w<w>-a<k>  distilled: soft targets at temperature t, weight w of the teacher's term
                     on a training text, k augmented copies of each training text
   mse-w<w>-a<k>     distilled on the squared error between centred logits
+  ...-u             either, with the texts of --unlabeled=FILE in the transfer set too
   augmented-a<k>    no teacher: the k copies with their texts' labels
   speed             the chosen student (seed 0) against the teacher, each served as predict
                     serves it: predict --path's batched forward over 1,000 test texts, and one
@@ -49,7 +51,7 @@ from experiments.errors import UserError
 from experiments.serving import rows as served_rows
 from experiments.training import checkpoints, classify, teacher, workdir_reader
 
-ROW = re.compile(r"(?:soft-T(?P<t>[\d.]+)|(?P<mse>mse))-w(?P<w>[\d.]+)-a(?P<a>\d+)")
+ROW = re.compile(r"(?:soft-T(?P<t>[\d.]+)|(?P<mse>mse))-w(?P<w>[\d.]+)-a(?P<a>\d+)(?P<u>-u)?")
 AUGMENTED = re.compile(r"augmented-a(?P<a>\d+)")
 FIXED = ("tfidf", "teacher", "speed")
 DEFAULT_ROWS = ("tfidf", "teacher", "soft-T2-w1-a8", "mse-w1-a8", "augmented-a8", "speed")
@@ -76,18 +78,22 @@ def alone(results: dict, data_path: str) -> dict[str, float]:
     return {s: r["test_accuracy"] for s, r in runs.items()}
 
 
-def overrides(row: str) -> dict:
-    """The config fields a distilled or augmented row sets; UserError for an unknown row."""
+def overrides(row: str, unlabeled: str = "") -> dict:
+    """The config fields a distilled or augmented row sets (a row ending in -u also reads the
+    texts of `unlabeled`, data.unlabeled); UserError for an unknown row."""
     if m := ROW.fullmatch(row):
         loss = "mse" if m["mse"] else "soft"
         out = {"distill.loss": loss, "distill.weight": float(m["w"])}
         out["distill.temperature"] = 1.0 if m["mse"] else float(m["t"])
+        if m["u"] and not unlabeled:
+            raise UserError(f"--rows: {row} reads unlabeled texts: give --unlabeled=FILE")
+        out |= {"data.unlabeled": (unlabeled,)} if m["u"] else {}
         return out | {"distill.augment": int(m["a"])}
     if m := AUGMENTED.fullmatch(row):
         return {"distill.teacher": "", "distill.augment": int(m["a"])}
     raise UserError(
         f"--rows: unknown row {row!r}; rows are {', '.join(FIXED)}, soft-T<t>-w<w>-a<k>, "
-        "mse-w<w>-a<k> and augmented-a<k>"
+        "mse-w<w>-a<k> (each with -u: and the texts of --unlabeled) and augmented-a<k>"
     )
 
 
@@ -96,13 +102,14 @@ def label(row: str) -> str:
     if m := ROW.fullmatch(row):
         what = "logit MSE" if m["mse"] else f"soft targets at T={m['t']}"
         weight = "the teacher alone" if float(m["w"]) == 1 else f"weight {m['w']} on the teacher"
-        return f"distilled: {what}, {weight}, {m['a']} augmented copies a text"
+        more = ", and unlabeled texts" if m["u"] else ""
+        return f"distilled: {what}, {weight}, {m['a']} augmented copies a text{more}"
     if m := AUGMENTED.fullmatch(row):
         return f"the same student on {m['a']} augmented copies a text, no teacher"
     return row
 
 
-def row_config(row: str, quick: bool, data_path: str, teacher_dir: str):
+def row_config(row: str, quick: bool, data_path: str, teacher_dir: str, unlabeled: str = ""):
     """configs/distill.py (:csv with a file; :tiny with --quick) with the row's fields."""
     file = "distill.py:tiny" if quick else "distill.py:csv" if data_path else "distill.py"
     config = config_file(file)
@@ -111,7 +118,7 @@ def row_config(row: str, quick: bool, data_path: str, teacher_dir: str):
             config.data.dataset, config.data.path = "file", data_path
         config.train.baseline = False  # the tfidf row is the baseline, fitted once
         config.distill.teacher = teacher_dir
-        for name, value in overrides(row).items():
+        for name, value in overrides(row, unlabeled).items():
             section, field = name.split(".")
             config[section][field] = value
         if quick:
@@ -129,13 +136,14 @@ def run(
     save: Callable[[dict], None],
     workdirs: str,
     alone: dict[str, float],
+    unlabeled: str = "",
 ) -> dict:
     """The distill section of results.json, its data's part replaced; `save(section)` after
     every run. `alone`: the same student trained without a teacher, test accuracy by seed (from
-    section 3 or 8)."""
+    section 3 or 8); `unlabeled`: the file of unlabeled texts the rows ending in -u read."""
     for row in rows:
         if row not in FIXED:
-            overrides(row)  # refuses an unknown row before anything runs
+            overrides(row, unlabeled)  # refuses an unknown row before anything runs
     if not teacher_dir:
         raise UserError("distill needs --teacher=DIR (a fine-tuned workdir of the same data)")
     if not workdirs:
@@ -180,7 +188,7 @@ def run(
         part["teacher_row"] = teacher_row(teacher_dir)
         saved()
     for row in (r for r in rows if r not in FIXED):
-        config = row_config(row, quick, data_path, teacher_dir)
+        config = row_config(row, quick, data_path, teacher_dir, unlabeled)
         recipe = json.loads(json.dumps(config.to_dict()))
         del recipe["train"]["seed"]
         before = part["runs"].get(row, {})

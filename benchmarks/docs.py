@@ -137,10 +137,20 @@ def verdict(r: dict) -> str:
     on, off, imdb = _seeds(acc["seeds"]), _seeds(acc["no_attention"]), _seeds(im["seeds"])
     margin = float(np.mean(on) - np.mean(off))
     above = [a - ib["test_accuracy"] for a in imdb]
+    found = _distilled(r, distill.CHINESE)
+    taught = ""
+    if found:
+        part, _, accs = found
+        taught = (
+            f" Distilled from {_teacher_name(part)} fine-tuned (`configs/distill.py`), it "
+            f"{_compare(accs, b)}"
+            + (" (every seed above)" if min(accs) > b["test_accuracy"] else "")
+            + "."
+        )
     return (
         f"On the embedded reviews the model {_compare(on, b)}; "
         f"attention adds {_points(margin)} points of mean test accuracy over the same model "
-        f"without it. On IMDB it {_compare(imdb, ib)}"
+        f"without it.{taught} On IMDB it {_compare(imdb, ib)}"
         + (
             f" (every seed above, by {_points(min(above))}-{_points(max(above))} points)"
             if min(above) > 0
@@ -302,6 +312,8 @@ def finetune_verdict(r: dict) -> str:
 def distill_table(part: dict) -> str:
     """One data's distill rows: test per seed, mean, best validation, wall time; the teacher,
     every distilled row (the chosen one marked), augmentation alone, the student alone, TF-IDF."""
+    if not part:
+        return "Not measured yet."
     lines = [
         "| model | test accuracy | mean | best validation (mean) | wall time per run |",
         "| --- | --- | --- | --- | --- |",
@@ -365,11 +377,12 @@ def distill_speed(part: dict) -> str:
 
 
 def _distill_part(r: dict, key: str) -> dict:
-    return r["distill"]["data"][key]
+    """The distill section's part for `key`'s data; {} before it has run."""
+    return r.get("distill", {}).get("data", {}).get(key, {})
 
 
 def _english_key(r: dict) -> str:
-    return os.path.basename(r["finetune"]["data_path"])
+    return os.path.basename(r.get("finetune", {}).get("data_path", ""))
 
 
 def finetune_imdb(sec: dict) -> str:

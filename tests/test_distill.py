@@ -449,3 +449,19 @@ def test_the_benchmark_section_runs_its_rows_and_renders(csv, teacher_dir, tmp_p
     assert docs.distill_speed(part) in text and "## 13. Distillation" in text
     with pytest.raises(UserError, match="unknown row 'soft-T2'"):
         bench.run(True, csv, teacher_dir, ["0"], ["soft-T2"], None, saved.append, "x", {})
+
+
+def test_unlabeled_texts_join_the_transfer_set_and_the_vocabulary_with_a_teacher(
+    csv, teacher_dir, tmp_path
+):
+    more = tmp_path / "unlabeled.txt"
+    more.write_text("包装破损，差评\n包装破损，差评了\n质量很好\n", encoding="utf-8")
+    config = chosen.resolve(_student_config(csv, teacher_dir, data__unlabeled=(str(more),)))
+    tok = distill.tokenizer(config, str(tmp_path))
+    assert {"破", "损"} <= set(tok.vocab)  # twice in the unlabeled texts, never in the file's
+    data = encoding.load(config.data, add_cls=False, tokenizer=tok)
+    run = distill.prepare(config, data, str(tmp_path))
+    assert run.split.texts[-3:] == ["包装破损，差评", "包装破损，差评了", "质量很好"]
+    assert not run.labelled[-3:].any() and "3 from" in run.summary
+    alone = _student_config(csv, "", data__unlabeled=(str(more),))
+    assert distill.tokenizer(alone, str(tmp_path)) is None  # without a teacher: not read

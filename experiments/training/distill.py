@@ -19,7 +19,7 @@ import ml_collections
 import numpy as np
 
 from experiments import parallel
-from experiments.data import batching, encoding, transfer, unlabeled
+from experiments.data import batching, encoding, tokenizers, transfer, unlabeled
 from experiments.training import teacher as teachers
 
 
@@ -61,6 +61,17 @@ class Transfer:
         logits_NxC = teachers.outputs(self.teacher, self.split.texts, self.workdir)
         labels = np.where(self.labelled, labels, logits_NxC.argmax(-1)).astype(np.int32)
         return labels, {"teacher": logits_NxC, "labelled": self.labelled.astype(np.float32)}
+
+
+def tokenizer(config: ml_collections.ConfigDict, workdir: str) -> tokenizers.Tokenizer | None:
+    """The student's tokenizer when a teacher labels data.unlabeled's texts too: built from them
+    and the training split's, as pretraining builds it, so that words the labels never show get
+    rows the teacher's answers can train (or the workdir's, on resume); None otherwise (the
+    training split's, as any run's)."""
+    if not (config.distill.teacher and unlabeled.sources(config.data)):
+        return None
+    texts = unlabeled.load(config.data)
+    return encoding.tokenizer_for(config.data, texts.train, workdir)
 
 
 def prepare(config: ml_collections.ConfigDict, data: encoding.Encoded, workdir: str) -> Transfer:

@@ -55,6 +55,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     config, d, o = s.config, s.config.data, s.config.optim
     pre = finetune.load(config) if finetune.requested(config) else None
     src_tokenizer = pre.tokenizer if pre else s.src.tokenizer if s.src else None
+    if src_tokenizer is None and fields.distills(config):
+        src_tokenizer = distill.tokenizer(config, workdir)
     data = encoding.load(
         d, add_cls=config.model.pooling == "cls", workdir=workdir, tokenizer=src_tokenizer
     )
