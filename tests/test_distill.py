@@ -446,7 +446,7 @@ def test_the_benchmark_section_runs_its_rows_and_renders(csv, teacher_dir, tmp_p
     assert "**(chosen on validation)**" in table and "no teacher" in table
     assert "teacher" in table and "TF-IDF" in table
     text = "\n".join(report._distill_md(sec))
-    assert docs.distill_speed(part) in text and "## 13. Distillation" in text
+    assert docs.distill_speed(part) in text and "## 14. Distillation" in text
     with pytest.raises(UserError, match="unknown row 'soft-T2'"):
         bench.run(True, csv, teacher_dir, ["0"], ["soft-T2"], None, saved.append, "x", {})
 
