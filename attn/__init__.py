@@ -7,12 +7,12 @@ masks and implementations. `attn.Attention(score=..., implementation=...)` binds
 arguments in a form `jax.jit` and Flax can hold. Submodules: scores, masks, chunked, batched,
 reference, fused (the cuDNN and Pallas TPU kernels), bag, multihead, encoder, positions, pooling,
 layers, head (the classifier head both classifiers share), classifier, masked_lm (masked-token
-pretraining), importance (token importance and erasure), encoders (pretrained encoder families
-behind one registry, and their Hugging Face checkpoints in safetensors, Flax msgpack or PyTorch
-.bin files, read without torch), bert (the
-BERT family under its earlier name), encoder_classifier (a classifier over a pretrained encoder, to
-fine-tune), models (which of the two classifiers a config is), and flax_interop (import it
-explicitly; it pulls in Flax).
+pretraining), distillation (a student's loss against a teacher's logits), importance (token
+importance and erasure), encoders (pretrained encoder families behind one registry, and their
+Hugging Face checkpoints in safetensors, Flax msgpack or PyTorch .bin files, read without torch),
+bert (the BERT family under its earlier name), encoder_classifier (a classifier over a pretrained
+encoder, to fine-tune), models (which of the two classifiers a config is), and flax_interop
+(import it explicitly; it pulls in Flax).
 
 Names carry their shapes: ``q_LxK`` is [L, K], with einsum subscripts to match. One meaning per
 letter, here and in experiments/, benchmarks/ and tests/:
@@ -56,6 +56,7 @@ from attn import (
     bert,
     chunked,
     classifier,
+    distillation,
     encoder,
     encoder_classifier,
     encoders,
@@ -85,6 +86,7 @@ __all__ = [
     "bert",
     "chunked",
     "classifier",
+    "distillation",
     "dot_product_attention",
     "encoder",
     "encoder_classifier",

@@ -11,6 +11,8 @@
   python -m benchmarks chinese --pretrained=DIR/m3e-small [--seeds=0,1,2] [--rows=...]
       [--workdirs=DIR]
   python -m benchmarks audit --workdirs=DIR
+  python -m benchmarks distill --teacher=WORKDIR [--data_path=FILE] --workdirs=DIR
+      [--seeds=0,1,2] [--rows=tfidf,teacher,soft-T2-w1-a8,...,speed] [--unlabeled=FILE]
   python -m benchmarks peers --bert_dir=DIR/all-MiniLM-L6-v2
   python -m benchmarks device [--quick] [--imdb_path=DIR/aclImdb] [--lra_minutes=1.5]
       [--parts=attention,train,lra,bert,finetune] [--bert_dir=DIR/all-MiniLM-L6-v2]
@@ -19,7 +21,9 @@
 Long Range Arena configs), `multihost` (two processes against one, about 20 minutes), `bert`
 (a fine-tuning step of a pretrained-size encoder; with --bert_dir, its numerics against
 transformers), `finetune` (a pretrained encoder fine-tuned against its ablations, hours on
-2 cores; results.json is written after each run) and `peers` (attn's fine-tuning step and
+2 cores; results.json is written after each run), `distill` (attn's own model taught by a
+fine-tuned teacher, against TF-IDF, itself alone and the teacher, and served against it) and
+`peers` (attn's fine-tuning step and
 serving against PyTorch, torch.compile, ONNX Runtime and transformers' Flax BERT on one
 checkpoint, in a venv with requirements-peers.txt; tens of minutes) run only when named.
 `device` is for a GPU or TPU (`benchmarks/device.py`): it writes `<out>/device.json` instead of a
@@ -47,6 +51,7 @@ from benchmarks import (
     bert,
     chinese,
     device,
+    distill,
     families,
     finetune,
     imdb,
@@ -90,6 +95,18 @@ SECTIONS = {
     "audit": lambda fv, prev: audit.run(
         fv.quick, audit.models_from(fv.workdirs, fv.quick, _read_out(fv).get("chinese"))
     ),
+    "distill": lambda fv, prev: distill.run(
+        fv.quick,
+        fv.data_path,
+        fv.teacher,
+        fv.seeds,
+        fv.rows if fv["rows"].present else list(distill.DEFAULT_ROWS),
+        prev,
+        save=lambda sec: _save_section(fv.out, "distill", sec),
+        workdirs=fv.workdirs,
+        alone=distill.alone(_read(os.path.join(fv.out, "results.json")), fv.data_path),
+        unlabeled=fv.unlabeled,
+    ),
     "peers": lambda fv, prev: peers.run(fv.quick, fv.bert_dir),
     "families": lambda fv, prev: families.run(fv.quick),
 }
@@ -123,12 +140,25 @@ def define_flags(fv: flags.FlagValues) -> None:
         flag_values=fv,
     )
     flags.DEFINE_string(
-        "data_path", "", "`finetune`: the labelled file (text,label) to train on.", flag_values=fv
+        "data_path",
+        "",
+        "`finetune`, `distill`: the labelled file (text,label) to train on.",
+        flag_values=fv,
+    )
+    flags.DEFINE_string(
+        "teacher", "", "`distill`: the teacher, a fine-tuned workdir of the data.", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "unlabeled",
+        "",
+        "`distill`: unlabeled texts (data.unlabeled) that -u rows add to the transfer set.",
+        flag_values=fv,
     )
     flags.DEFINE_list(
         "rows",
         list(finetune.ROWS),
-        "`finetune`, `chinese`: which rows of its table to run (default: all of that section's).",
+        "`finetune`, `chinese`, `distill`: which rows of its table to run (default: all of that "
+        "section's).",
         flag_values=fv,
     )
     flags.DEFINE_string(
@@ -139,7 +169,8 @@ def define_flags(fv: flags.FlagValues) -> None:
         "",
         "`chinese`: keep each run's workdir under DIR/chinese/<row>/seed<N> (default: deleted); "
         "`audit`: where its models are (DIR/audit/default, trained if missing; the chinese "
-        "fine-tune's seed 0).",
+        "fine-tune's seed 0); "
+        "`distill`: its students' workdirs, under DIR/distill/<data>/<row>/seed<N> (required).",
         flag_values=fv,
     )
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from benchmarks import finetune
+from benchmarks import distill, finetune
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The pages whose regions are rendered; benchmarks/REPORT.md is written whole by report.py.
@@ -84,6 +84,7 @@ def headline(r: dict) -> str:
         f"| | the same without attention (`--config.model.num_layers=0`) | {_seed_list(off)} | "
         f"{_mean_std(off)} |",
         f"| | {b['features']} TF-IDF + logistic regression | {_pct(b['test_accuracy'])}% | |",
+        *_distilled_rows(r, distill.CHINESE, "`configs/distill.py`"),
         f"| IMDB, official split ({ib['num_test']:,}) | `configs/{im['config']}` | "
         f"{_seed_list(imdb)} | {_mean_std(imdb)} |",
         f"| | {ib['features']} TF-IDF + logistic regression | {_pct(ib['test_accuracy'])}% | |",
@@ -100,6 +101,35 @@ def headline(r: dict) -> str:
     return "\n".join(rows)
 
 
+def _distilled(r: dict, key: str) -> tuple[dict, str, list[float]] | None:
+    """(the data's part of the distill section, its chosen row, that row's test accuracy by
+    seed), once the row has run; None before."""
+    part = r.get("distill", {}).get("data", {}).get(key, {})
+    row = part.get("chosen")
+    if not row:
+        return None
+    return part, row, _seeds(part["runs"][row]["seeds"])
+
+
+def _teacher_name(part: dict) -> str:
+    """The teacher's pretrained checkpoint, by its directory's name."""
+    pretrained = part.get("teacher_row", {}).get("pretrained")
+    return os.path.basename(pretrained.rstrip("/")) if pretrained else "its teacher"
+
+
+def _distilled_rows(r: dict, key: str, config: str) -> list[str]:
+    """The headline's row of the student distilled on `key`'s data, when it has run."""
+    found = _distilled(r, key)
+    if found is None:
+        return []
+    part, row, accs = found
+    seeds = ", ".join(sorted(part["runs"][row]["seeds"], key=int))
+    return [
+        f"| | distilled from {_teacher_name(part)} fine-tuned ({config}) | {_seed_list(accs)}"
+        f"{'' if len(accs) == 3 else f' (seeds {seeds})'} | {_mean_std(accs)} |"
+    ]
+
+
 def verdict(r: dict) -> str:
     """The plain reading of `headline`, worded from the numbers."""
     acc, im = r["accuracy"], r["imdb"]
@@ -107,10 +137,20 @@ def verdict(r: dict) -> str:
     on, off, imdb = _seeds(acc["seeds"]), _seeds(acc["no_attention"]), _seeds(im["seeds"])
     margin = float(np.mean(on) - np.mean(off))
     above = [a - ib["test_accuracy"] for a in imdb]
+    found = _distilled(r, distill.CHINESE)
+    taught = ""
+    if found:
+        part, _, accs = found
+        taught = (
+            f" Distilled from {_teacher_name(part)} fine-tuned (`configs/distill.py`), it "
+            f"{_compare(accs, b)}"
+            + (" (every seed above)" if min(accs) > b["test_accuracy"] else "")
+            + "."
+        )
     return (
         f"On the embedded reviews the model {_compare(on, b)}; "
         f"attention adds {_points(margin)} points of mean test accuracy over the same model "
-        f"without it. On IMDB it {_compare(imdb, ib)}"
+        f"without it.{taught} On IMDB it {_compare(imdb, ib)}"
         + (
             f" (every seed above, by {_points(min(above))}-{_points(max(above))} points)"
             if min(above) > 0
@@ -220,6 +260,16 @@ def finetune_headline(r: dict) -> str:
             mean = np.mean([x["test_accuracy"] for x in runs])
             wall = f"{runs[0]['wall_s']:.0f} s" if row == "tfidf" else _minutes(runs)
             lines.append(f"| {label} | {_pct(mean)}%{seeds} | {wall} |")
+        found = _distilled(r, os.path.basename(sec["data_path"]))
+        if row == "finetuned" and found:
+            part, kept, accs = found
+            runs = list(part["runs"][kept]["seeds"].values())
+            seeds = ", ".join(sorted(part["runs"][kept]["seeds"], key=int))
+            lines.append(
+                f"| attn's own model distilled from it (`configs/distill.py:csv`) | "
+                f"{_pct(np.mean(accs))}% (seed{'s' * (len(accs) > 1)} {seeds}) | "
+                f"{_minutes(runs)} |"
+            )
     return "\n".join(lines)
 
 
@@ -257,6 +307,82 @@ def finetune_verdict(r: dict) -> str:
             f"{'above' if gap > 0 else 'below'} it (target 5: {met(bag)})."
         )
     return said
+
+
+def distill_table(part: dict) -> str:
+    """One data's distill rows: test per seed, mean, best validation, wall time; the teacher,
+    every distilled row (the chosen one marked), augmentation alone, the student alone, TF-IDF."""
+    if not part:
+        return "Not measured yet."
+    lines = [
+        "| model | test accuracy | mean | best validation (mean) | wall time per run |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    if "teacher_row" in part:
+        t = part["teacher_row"]
+        lines.append(
+            f"| the teacher: {_teacher_name(part)} fine-tuned (`configs/finetune.py`, seed 0) | "
+            f"{_pct(t['test_accuracy'])}% | | {_pct(t['best_validation_accuracy'])}% | |"
+        )
+    taught = sorted(part["runs"], key=lambda row: (not distill.ROW.fullmatch(row), row))
+    for row in taught:
+        seeds = part["runs"][row]["seeds"]
+        if not seeds:
+            continue
+        accs, runs = _seeds(seeds), [seeds[s] for s in sorted(seeds, key=int)]
+        keys = ", ".join(sorted(seeds, key=int))
+        name = distill.label(row) + (" **(chosen on validation)**" if row == part["chosen"] else "")
+        val = np.mean([x["best_validation_accuracy"] for x in runs])
+        lines.append(
+            f"| {name} | {_seed_list(accs)} (seed{'s' * (len(accs) > 1)} {keys}) | "
+            f"{_pct(np.mean(accs))}% | {_pct(val)}% | {_minutes(runs)} |"
+        )
+    if part.get("alone"):
+        accs = _seeds({s: {"test_accuracy": a} for s, a in part["alone"].items()})
+        where = "section 3" if part["data_path"] == "" else "section 8"
+        lines.append(
+            f"| the same student alone ({where}) | {_seed_list(accs)} | {_pct(np.mean(accs))}% | "
+            "| |"
+        )
+    if "tfidf" in part:
+        b = part["tfidf"]
+        val = f"{_pct(b['validation_accuracy'][str(b['best_C'])])}% (C={b['best_C']:g})"
+        lines.append(
+            f"| {b['features']} TF-IDF (sublinear tf) + logistic regression | "
+            f"{_pct(b['test_accuracy'])}% | | {val} | {b['wall_s']:.0f} s |"
+        )
+    return "\n".join(lines)
+
+
+def distill_speed(part: dict) -> str:
+    """The chosen student against its teacher, served: texts a second and the speed-up."""
+    s = part.get("speed")
+    if not s:
+        return "Serving speed not measured yet."
+    lines = [
+        "| served | student | teacher | student / teacher, texts a second |",
+        "| --- | --- | --- | --- |",
+    ]
+    for what, name in (
+        ("predict_path", f"predict --path over {s['texts']:,} texts"),
+        ("forward", f"one forward at batch {s['batch']}"),
+    ):
+        x = s[what]
+        lines.append(
+            f"| {name} | {x['student_s']:.3f} s ({x['student_texts_per_s']:,.0f} texts/s) | "
+            f"{x['teacher_s']:.3f} s ({x['teacher_texts_per_s']:,.0f} texts/s) | "
+            f"**{x['speedup']:.1f}x** |"
+        )
+    return "\n".join(lines)
+
+
+def _distill_part(r: dict, key: str) -> dict:
+    """The distill section's part for `key`'s data; {} before it has run."""
+    return r.get("distill", {}).get("data", {}).get(key, {})
+
+
+def _english_key(r: dict) -> str:
+    return os.path.basename(r.get("finetune", {}).get("data_path", ""))
 
 
 def finetune_imdb(sec: dict) -> str:
@@ -451,6 +577,10 @@ RENDER: dict[str, Callable[[dict], str]] = {
     "finetune-verdict": finetune_verdict,
     "finetune-imdb": lambda r: finetune_imdb(r["finetune"]),
     "peers": peers,
+    "distill-chinese": lambda r: distill_table(_distill_part(r, distill.CHINESE)),
+    "distill-english": lambda r: distill_table(_distill_part(r, _english_key(r))),
+    "distill-chinese-speed": lambda r: distill_speed(_distill_part(r, distill.CHINESE)),
+    "distill-english-speed": lambda r: distill_speed(_distill_part(r, _english_key(r))),
     **FACTS,
 }
 

@@ -117,6 +117,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.pretrain.eval_every_steps = 500
     config.pretrain.checkpoint_every_steps = 500
 
+    # Distillation (configs/distill.py): attn's own model learns from a teacher's answers over a
+    # transfer set, the training texts and `augment` augmented copies of each; with augment and
+    # no teacher, the copies keep their texts' labels (augmentation alone).
+    config.distill = ml_collections.ConfigDict()
+    config.distill.teacher = ""  # a trained workdir or a transformers sequence classifier
+    config.distill.loss = "soft"
+    config.distill.temperature = 1.0
+    config.distill.weight = 1.0
+    config.distill.augment = 0
+    config.distill.mask_rate = 0.1  # Tang et al. 2019's p_mask
+    config.distill.ngram_rate = 0.25  # and p_ng
+
     if arg == "tiny":
         config.data.max_len = 64
         config.data.buckets = (64,)  # one bucket: each step function compiles once

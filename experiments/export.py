@@ -1,6 +1,8 @@
-"""Writes a fine-tuned workdir as a transformers model directory.
+"""Writes a trained workdir as a directory that serves it without the workdir: a fine-tune as a
+transformers model directory, attn's own model as a jax.export artifact.
 
   python -m experiments.export --workdir=runs/ft --out=exported/ft [--onnx]
+  python -m experiments.export --workdir=runs/student --out=exported/student
 
 OUT holds config.json, model.safetensors (the served weights alone: the weight average when the
 run kept one, no optimizer state), the checkpoint's tokenizer files and a README.md model card;
@@ -14,22 +16,27 @@ OUT/model.onnx (transformers' model traced by torch.onnx; inputs as the tokenize
 batch and length free), for a Python that has torch, transformers, onnx and onnxscript, which
 attn itself never needs: without them it is refused in one line before anything is read.
 
+A workdir of attn's own model (trained from scratch, or distilled from a teacher), which no
+transformers class computes, is written by `jax.export` instead (`exporting.jax_dir`): OUT holds
+model.jax (its forward as serialized StableHLO, batch and length symbolic), weights.npz, its
+tokenizer's files, classifier.json (labels, how a text is read) and load.py, a loader that needs
+jax and numpy, not this repository: `python OUT/load.py TEXT` gives predict's probabilities.
+
 OUT must not exist or be an empty directory; it is written under a temporary name beside it and
-renamed when whole. A workdir of attn's own model (trained from scratch), a pretraining workdir
-and a model with a bag (model.bag_buckets) are refused in one line: no transformers class
-computes them.
+renamed when whole. A pretraining workdir, and a fine-tune with a bag (model.bag_buckets), which
+no transformers class computes, are refused in one line.
 """
 
 from absl import flags
 
 from experiments import cli
 from experiments.errors import UserError
-from experiments.exporting import from_workdir
+from experiments.exporting import from_workdir, jax_dir
 
 
 def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string(
-        "workdir", None, "A fine-tuned workdir (configs/finetune.py).", flag_values=fv
+        "workdir", None, "A trained workdir: a fine-tune, or attn's own model.", flag_values=fv
     )
     flags.DEFINE_string("out", None, "The directory to write (new, or empty).", flag_values=fv)
     flags.DEFINE_boolean(
@@ -46,10 +53,13 @@ def main(fv: flags.FlagValues, argv: list[str]) -> int:
     if not fv.workdir or not fv.out:
         raise UserError("--workdir=DIR and --out=DIR are both required")
     out = from_workdir.export(fv.workdir, fv.out, onnx=fv.onnx)
-    print(
-        f"wrote {out}: load it with transformers' AutoModelForSequenceClassification, or "
-        f"python -m experiments.predict --pretrained={out}"
-    )
+    if (out / jax_dir.MODEL).exists():
+        print(f"wrote {out}: python {out / jax_dir.LOADER} TEXT, or its Classifier in Python")
+    else:
+        print(
+            f"wrote {out}: load it with transformers' AutoModelForSequenceClassification, or "
+            f"python -m experiments.predict --pretrained={out}"
+        )
     return 0
 
 

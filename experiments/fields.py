@@ -14,7 +14,7 @@ from typing import Any
 
 import ml_collections
 
-from attn import classifier, masked_lm
+from attn import classifier, distillation, masked_lm
 from experiments.errors import UserError
 
 # What a resumed run may do with a field (`Field.resume`).
@@ -112,8 +112,9 @@ FIELDS: dict[str, Field] = {
         before=0,
     ),
     "data.unlabeled": Field(
-        "more texts to pretrain on: .txt (a text per line), .csv/.tsv/.jsonl (data.text_field), a "
-        "folder (aclImdb's unsup/) or tfds:<name>:<split>",
+        "unlabeled texts that pretraining reads, and a teacher labels for the student "
+        "(distill.teacher): .txt (a text per line), .csv/.tsv/.jsonl (data.text_field), a folder "
+        "(aclImdb's unsup/) or tfds:<name>:<split>",
     ),
     "data.buckets": Field(
         "lengths a batch is padded to (one compiled program each)",
@@ -381,6 +382,45 @@ FIELDS: dict[str, Field] = {
         "pretraining's checkpoint interval",
         check=number(lambda v: v >= 1, ">= 1"),
     ),
+    "distill.teacher": Field(
+        "the teacher attn's own model learns from: a trained workdir, or a transformers sequence "
+        "classifier (a directory or hub id, as predict --pretrained serves); empty = none",
+        before="",
+    ),
+    "distill.loss": Field(
+        "what the student matches of the teacher: soft (its probabilities at distill.temperature) "
+        "or mse (its logits, each text's centred)",
+        check=one_of(*distillation.LOSSES),
+        before="soft",
+    ),
+    "distill.temperature": Field(
+        "softmax temperature of the soft targets (their loss is scaled by its square)",
+        check=number(lambda v: v > 0, "> 0"),
+        before=1.0,
+    ),
+    "distill.weight": Field(
+        "weight of the teacher's term on a training text, the label's cross-entropy having the "
+        "rest; an augmented or unlabeled text has the teacher's alone; 1 = the teacher alone",
+        check=number(lambda v: 0 <= v <= 1, "in [0, 1]"),
+        before=1.0,
+    ),
+    "distill.augment": Field(
+        "augmented copies of each training text in the transfer set (masked units, n-grams); "
+        "without a teacher they keep their text's label",
+        check=integer(lambda v: v >= 0, "an integer >= 0"),
+        before=0,
+    ),
+    "distill.mask_rate": Field(
+        "chance that an augmented copy masks each character (Chinese, Japanese) or word",
+        check=number(lambda v: 0 <= v < 1, "in [0, 1)"),
+        before=0.1,
+    ),
+    "distill.ngram_rate": Field(
+        "chance that an augmented copy is cut to a random n-gram of it (1-5 words or 1-10 "
+        "characters)",
+        check=number(lambda v: 0 <= v <= 1, "in [0, 1]"),
+        before=0.25,
+    ),
 }
 
 
@@ -431,6 +471,8 @@ def check(config: ml_collections.ConfigDict) -> None:
         raise UserError("optim.bag_init=naive_bayes needs a bag: set model.bag_buckets > 0")
     if config.data.bag_len and not config.model.bag_buckets:
         raise UserError("data.bag_len > 0 needs a bag: set model.bag_buckets > 0")
+    if distills(config):
+        check_distill(config)
     if config.model.pretrained:
         check_pretrained(config)
         return
@@ -440,6 +482,27 @@ def check(config: ml_collections.ConfigDict) -> None:
     if config.optim.layer_decay != 1:
         raise UserError("optim.layer_decay needs a pretrained encoder: set model.pretrained")
     check_model(config)
+
+
+def distills(config: ml_collections.ConfigDict) -> bool:
+    """Whether `config` trains on a transfer set: from a teacher, or on augmented copies."""
+    d = config.get("distill")
+    return bool(d and (d.teacher or d.augment))
+
+
+def check_distill(config: ml_collections.ConfigDict) -> None:
+    """What a distilled (or augmented) run cannot pair with."""
+    if config.model.pretrained:
+        raise UserError(
+            "distill.teacher and distill.augment train attn's own model, and model.pretrained "
+            f"fine-tunes {config.model.pretrained!r} instead: a student is attn's own (unset "
+            "model.pretrained), a fine-tune is a teacher (distill.teacher=ITS_WORKDIR)"
+        )
+    if config.distill.teacher and config.optim.label_smoothing:
+        raise UserError(
+            "optim.label_smoothing with distill.teacher: the teacher's soft targets take its "
+            "place; set optim.label_smoothing=0"
+        )
 
 
 # What fine-tuning a pretrained encoder (model.pretrained) does not have: field -> its off value.

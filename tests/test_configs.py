@@ -16,6 +16,7 @@ VARIANTS = {
     "sst2": (None, "tiny"),
     "lra_text": (None, "4k", "tiny"),
     "finetune": (None, "tiny", "imdb", "imdb_cpu", "sst2", "bag"),
+    "distill": (None, "csv", "tiny"),
 }
 
 

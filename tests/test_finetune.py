@@ -288,9 +288,7 @@ def test_export_writes_a_classifier_that_predict_reads_back_as_the_workdir(
         assert exported["probability"] == pytest.approx(ours["probability"], abs=1e-5)
 
 
-def test_what_export_cannot_write_is_refused_in_one_line(
-    finetuned, trained, pretrained, tmp_path, capsys
-):
+def test_what_export_cannot_write_is_refused_in_one_line(finetuned, pretrained, tmp_path, capsys):
     full = tmp_path / "full"
     full.mkdir()
     (full / "keep.txt").write_text("mine", encoding="utf-8")
@@ -302,7 +300,6 @@ def test_what_export_cannot_write_is_refused_in_one_line(
     (older / "config.json").write_text(json.dumps(config), encoding="utf-8")
     for workdir, out, fragments in (
         (finetuned, full, ["exists and is not an empty directory"]),
-        (trained, tmp_path / "own", ["attn's own model", "predict, evaluate and visualize"]),
         (pretrained, tmp_path / "mlm", ["pretraining workdir", "fine-tune it first"]),
         (older, tmp_path / "old", ["keeps no copy", "config.json"]),
     ):

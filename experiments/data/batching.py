@@ -2,10 +2,12 @@
 
 A batch: {"tokens": int32 [B, L], "mask": bool [B, L] (tokens != PAD), "label": int32 [B],
 "weight": float32 [B] (1 real, 0 filler)}, plus "bag_tokens": int32 [B, M] when the bag reads more
-of each text than attention does (config.data.bag_len). B is always the batch size (a short last
-batch is filled with weight-0 rows, so shapes stay few and evaluation counts every example exactly
-once); L is the smallest bucket >= the longest sequence in the batch, so jit compiles one program
-per bucket (M likewise, from the buckets and max_len times powers of two up to bag_len).
+of each text than attention does (config.data.bag_len), and a training stream's `extra` arrays
+(per example, [B, ...]: a teacher's logits) under their names. B is always the batch size (a
+short last batch is filled with weight-0 rows, so shapes stay few and evaluation counts every
+example exactly once); L is the smallest bucket >= the longest sequence in the batch, so jit
+compiles one program per bucket (M likewise, from the buckets and max_len times powers of two up
+to bag_len).
 
 Training order: batch n of the stream is batch n mod E of epoch n // E (E batches per epoch). An
 epoch's order for (seed, epoch): shuffle with default_rng([seed, epoch]), sort by length within
@@ -99,9 +101,11 @@ def train_stream(
     rows: slice = slice(None),
     bag_ids: Sequence[np.ndarray] | None = None,
     bag_len: int = 0,
+    extra: dict[str, np.ndarray] | None = None,
 ) -> Iterator[Batch]:
     """Training batches start_step, start_step + 1, ... across epochs, without end; only `rows`
-    of each. With `bag_ids` (per text, [m <= bag_len]) they also hold bag_tokens."""
+    of each. With `bag_ids` (per text, [m <= bag_len]) they also hold bag_tokens; each `extra`
+    array [N, ...] gives its rows of the batch's examples (zeros for fillers)."""
     if start_step < 0:
         raise ValueError(f"start_step must be >= 0, got {start_step}")
     if not len(ids):
@@ -113,7 +117,7 @@ def train_stream(
     first_epoch, offset = divmod(start_step, steps_per_epoch(len(ids), batch_size))
     for epoch in itertools.count(first_epoch):
         for idx in epoch_order(lengths, batch_size, seed, epoch)[offset:]:
-            yield _make_batch(ids, labels, idx, batch_size, sizes, rows, bag)
+            yield _make_batch(ids, labels, idx, batch_size, sizes, rows, bag, extra)
         offset = 0
 
 
@@ -149,6 +153,7 @@ def _make_batch(
     sizes: tuple[int, ...],
     rows: slice,
     bag: tuple[Sequence[np.ndarray], tuple[int, ...]] | None = None,
+    extra: dict[str, np.ndarray] | None = None,
 ) -> Batch:
     start, stop, _ = rows.indices(batch_size)
     own = idx[start:stop]  # fewer than stop - start rows when fillers fall in `rows`
@@ -161,6 +166,9 @@ def _make_batch(
     batch = {"tokens": tokens, "mask": tokens != PAD, "label": label, "weight": weight}
     if bag is not None:
         batch["bag_tokens"] = _padded(bag[0], idx, own, stop - start, bag[1])
+    for name, values in (extra or {}).items():
+        batch[name] = np.zeros((stop - start, *values.shape[1:]), values.dtype)
+        batch[name][:n] = values[own]
     return batch
 
 

@@ -18,7 +18,8 @@ in `config.json`; a field set to anything else is kept as given. The rules:
   two, at most 8 max_len; 0 (the attention's tokens) when that is max_len. The bag reads a token
   for a few operations, attention for a row of the L x L scores, so it can read far more.
 - num_epochs: about 40,000 examples seen (3 epochs of the embedded data's 13,875), 2 to 10 epochs;
-  fine-tuning a pretrained encoder (model.pretrained): about 30,000, 2 to 4 epochs.
+  fine-tuning a pretrained encoder (model.pretrained): about 30,000, 2 to 4 epochs. An epoch of a
+  run with distill.augment copies of each text is one over them too (1 + augment texts each).
 - warmup_steps: 7.5% of the steps; eval_every_steps: 1/13 of them; checkpoints twice as far apart.
 - ema_decay: 0.99 (an average over about the last 100 steps, as measured on an 810-step
   fine-tune), or for a run under 800 steps 1 - 8/steps, so that the average spans about its last
@@ -88,12 +89,15 @@ def choose(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDict
     if "data.bag_len" in auto:
         d.bag_len = bag_len(lengths, d.max_len) if out.model.bag_buckets else 0
         said.append(f"bag_len={d.bag_len}")
+    copies = 1 + (out.distill.augment if "distill" in out else 0)
+    examples = len(texts) * copies  # an epoch's, the augmented copies included
+    counted = f"{len(texts):,} training texts" + (f" x {copies}" if copies > 1 else "")
     if "train.num_epochs" in auto and out.model.get("pretrained"):
-        out.train.num_epochs = int(min(max(round(30_000 / max(len(texts), 1)), 2), 4))
-        said.append(f"num_epochs={out.train.num_epochs} ({len(texts):,} training texts)")
+        out.train.num_epochs = int(min(max(round(30_000 / max(examples, 1)), 2), 4))
+        said.append(f"num_epochs={out.train.num_epochs} ({counted})")
     elif "train.num_epochs" in auto:
-        out.train.num_epochs = int(min(max(round(40_000 / max(len(texts), 1)), 2), 10))
-        said.append(f"num_epochs={out.train.num_epochs} ({len(texts):,} training texts)")
+        out.train.num_epochs = int(min(max(round(40_000 / max(examples, 1)), 2), 10))
+        said.append(f"num_epochs={out.train.num_epochs} ({counted})")
     if auto & {
         "optim.warmup_steps",
         "optim.ema_decay",
@@ -101,7 +105,7 @@ def choose(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDict
         "train.checkpoint_every_steps",
     }:
         t = out.train
-        total = t.max_steps or t.num_epochs * batching.steps_per_epoch(len(texts), d.batch_size)
+        total = t.max_steps or t.num_epochs * batching.steps_per_epoch(examples, d.batch_size)
         if "optim.warmup_steps" in auto:
             out.optim.warmup_steps = round(0.075 * total)
             said.append(f"warmup_steps={out.optim.warmup_steps}")

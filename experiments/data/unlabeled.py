@@ -37,7 +37,7 @@ def load(data: Any) -> Texts:
     held = {normalize(t) for t in (*validation, *test)}
     seen = {normalize(t) for t in train}
     texts, parts, dropped = list(train), [f"{len(train):,} from the training split"], 0
-    for source in _sources(data):
+    for source in sources(data):
         added = 0
         for text in read(source, data.get("text_field", "text"), data.get("data_dir") or None):
             k = normalize(text)
@@ -54,11 +54,12 @@ def load(data: Any) -> Texts:
     return Texts(texts, list(validation), summary)
 
 
-def _sources(data: Any) -> Sequence[str]:
-    sources = data.get("unlabeled", ())
-    if isinstance(sources, str):  # one path given without a tuple
-        sources = (sources,) if sources else ()
-    return tuple(sources)
+def sources(data: Any) -> Sequence[str]:
+    """The entries of config.data `data`'s data.unlabeled, a tuple whatever it was given as."""
+    given = data.get("unlabeled", ())
+    if isinstance(given, str):  # one path given without a tuple
+        given = (given,) if given else ()
+    return tuple(given)
 
 
 def read(source: str, text_field: str = "text", data_dir: str | None = None) -> list[str]:

@@ -1,6 +1,7 @@
 """A fine-tuned workdir's model, exported (`hub_dir.write`): its served weights (the weight average
 when the run kept one; never the optimizer state), label names, tokenizer files, the pretrained
-checkpoint's config.json and the test accuracy its run measured.
+checkpoint's config.json and the test accuracy its run measured. A workdir of attn's own model
+(trained from scratch, or distilled) is written by `jax_dir.write` instead.
 
 The checkpoint's config.json is kept in the workdir beside its tokenizer files
 (checkpoint_tokenizer/config.json); a workdir trained before that reads it from model.pretrained
@@ -14,7 +15,7 @@ from attn import encoders, models
 from experiments import workdirs
 from experiments.data import checkpoint_tokenizer
 from experiments.errors import UserError
-from experiments.exporting import hub_dir, onnx_file
+from experiments.exporting import hub_dir, jax_dir, onnx_file
 from experiments.training import checkpoints, workdir_reader
 
 
@@ -46,8 +47,8 @@ def _test_result(workdir: str) -> dict | None:
 def export(workdir: str, out: str | os.PathLike, *, onnx: bool = False) -> pathlib.Path:
     """Writes the workdir's best checkpoint (its last before any evaluation) at `out` (with
     model.onnx beside the weights when `onnx`, `onnx_file`); returns it. UserError in one line
-    for a workdir that holds no fine-tuned pretrained encoder, an `out` that holds files, --onnx
-    without what it needs, and what `hub_dir.write` refuses."""
+    for a pretraining workdir, an `out` that holds files, --onnx without what it needs or for
+    attn's own model, and what `hub_dir.write` refuses."""
     out = pathlib.Path(out)
     hub_dir.check_out(out)
     if onnx:
@@ -59,11 +60,13 @@ def export(workdir: str, out: str | os.PathLike, *, onnx: bool = False) -> pathl
             f"fine-tune it first (experiments.train --config.model.init_from={workdir})"
         )
     if models.family(held.cfg) == models.OWN:
-        raise UserError(
-            f"{workdir!r} holds attn's own model, trained from scratch, which no transformers "
-            "class computes: predict, evaluate and visualize serve it as it is; export needs a "
-            "fine-tuned pretrained encoder (configs/finetune.py)"
-        )
+        if onnx:
+            raise UserError(
+                f"--onnx: {workdir!r} holds attn's own model, which export writes with "
+                "jax.export only; export without --onnx"
+            )
+        card = jax_dir.model_card(held, _test_result(workdir), str(out))
+        return jax_dir.write(held, out, card)
     base = _base_config(held)
     tokenizer = hub_dir.Tokenizer(
         pathlib.Path(workdir, checkpoint_tokenizer.SUBDIR), held.tokenizer.lowercase

@@ -163,7 +163,7 @@ def write(
         (tmp / "README.md").write_text(card, encoding="utf-8")
         if then is not None:
             then(tmp)
-        _plain_permissions(tmp)
+        plain_permissions(tmp)
         if out.exists():
             out.rmdir()  # empty: checked above
         tmp.rename(out)
@@ -173,7 +173,7 @@ def write(
     return out
 
 
-def _plain_permissions(directory: pathlib.Path) -> None:
+def plain_permissions(directory: pathlib.Path) -> None:
     """What mkdir and open would have given under the user's umask: mkdtemp makes the directory
     private (0700) and safetensors writes its file 0600, which another user serving the export
     could not read."""

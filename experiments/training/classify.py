@@ -1,6 +1,7 @@
-"""The classification objective: the loss (cross-entropy, the pooling penalty, the adversarial
-term), one train step (a pure function; the loop jits it over a `functools.partial`), and the
-model's class probabilities and metrics over a whole split. A whole run of it is `pipeline`'s."""
+"""The classification objective: the loss (cross-entropy, or with a teacher the distillation loss
+of `attn.distillation`; the pooling penalty, the adversarial term), one train step (a pure
+function; the loop jits it over a `functools.partial`), and the model's class probabilities and
+metrics over a whole split. A whole run of it is `pipeline`'s."""
 
 import functools
 import time
@@ -14,7 +15,7 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from attn import classifier, models
+from attn import classifier, distillation, models
 from experiments import parallel
 from experiments.training import (
     loop,
@@ -24,15 +25,25 @@ from experiments.training import (
 )
 
 
-def loss_options(o: ml_collections.ConfigDict) -> dict:
-    """The keyword arguments of `train_step` that config.optim `o` sets."""
-    return {
+def loss_options(
+    o: ml_collections.ConfigDict, distill: ml_collections.ConfigDict | None = None
+) -> dict:
+    """The keyword arguments of `train_step` that config.optim `o` sets, and config.distill
+    `distill` where it names a teacher."""
+    options = {
         "label_smoothing": o.label_smoothing,
         "penalty_weight": o.penalty_weight,
         "ema_decay": o.ema_decay,
         "adversarial_eps": o.adversarial_eps,
         "adversarial_relative": o.adversarial_relative,
     }
+    if distill is not None and distill.teacher:
+        options["distill"] = {
+            "loss": distill.loss,
+            "temperature": distill.temperature,
+            "weight": distill.weight,
+        }
+    return options
 
 
 def loss_and_metrics(
@@ -45,9 +56,12 @@ def loss_and_metrics(
     train: bool,
     rng: jax.Array | None,
     embed_delta_BxLxD: jax.Array | None = None,
+    distill: dict | None = None,
 ):
     """Weighted mean cross-entropy (filler rows weigh 0) plus the pooling penalty; `cfg`'s type
-    says which model (`attn.models.module`)."""
+    says which model (`attn.models.module`). With `distill` (`attn.distillation.mixed`'s loss,
+    temperature and weight), each row's loss is that against batch["teacher"] [B, C] logits,
+    batch["labelled"] [B] saying which rows' labels are their own."""
     logits_BxC, aux = models.module(cfg).apply(
         params,
         batch["tokens"],
@@ -57,10 +71,15 @@ def loss_and_metrics(
         embed_delta_BxLxD=embed_delta_BxLxD,
         bag_tokens_BxG=batch.get("bag_tokens"),
     )
-    onehot_BxC = jax.nn.one_hot(batch["label"], cfg.num_classes)
-    if label_smoothing:
-        onehot_BxC = optax.smooth_labels(onehot_BxC, label_smoothing)
-    ce_B = optax.softmax_cross_entropy(logits_BxC, onehot_BxC)
+    if distill is not None:
+        ce_B = distillation.mixed(
+            logits_BxC, batch["teacher"], batch["label"], batch["labelled"], **distill
+        )
+    else:
+        onehot_BxC = jax.nn.one_hot(batch["label"], cfg.num_classes)
+        if label_smoothing:
+            onehot_BxC = optax.smooth_labels(onehot_BxC, label_smoothing)
+        ce_B = optax.softmax_cross_entropy(logits_BxC, onehot_BxC)
     w_B = batch["weight"]
     n = jnp.maximum(w_B.sum(), 1.0)
     loss = (ce_B * w_B).sum() / n + penalty_weight * aux["penalty"]
@@ -101,10 +120,12 @@ def train_step(
     adversarial_eps: float = 0.0,
     adversarial_relative: bool = False,
     frozen: Callable[[Any], Any] | None = None,
+    distill: dict | None = None,
 ) -> tuple[dict, dict]:
     """One optimizer step; a non-finite gradient leaves params unchanged and is counted.
 
-    frozen(params) -> bools marks params not to differentiate (`optim.stop_frozen`).
+    frozen(params) -> bools marks params not to differentiate (`optim.stop_frozen`); `distill`
+    makes the loss a teacher's (`loss_and_metrics`), the adversarial term's too.
 
     With an "ema" entry in state, it also moves the average towards the new params by ema_decay.
     With adversarial_eps > 0 the loss gains the loss at adversarially perturbed embeddings; the
@@ -123,6 +144,7 @@ def train_step(
             train=True,
             rng=rng,
             embed_delta_BxLxD=delta_BxLxD,
+            distill=distill,
         )
         return loss, metrics
 

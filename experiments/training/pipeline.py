@@ -1,7 +1,8 @@
 """A whole run of each objective, what the commands call: `train_and_evaluate` (python -m
 experiments.train: masked-token pretraining first when config.pretrain asks for it, the fork
-between attn's own classifier and a pretrained checkpoint's, training, the test split, the TF-IDF
-baseline and the files a finished run leaves) and `pretrain` (python -m experiments.pretrain).
+between attn's own classifier and a pretrained checkpoint's, a teacher's transfer set in place of
+the training split (`distill`), training, the test split, the TF-IDF baseline and the files a
+finished run leaves) and `pretrain` (python -m experiments.pretrain).
 
 Each reads its data, describes its objective as a `setup.Task` (`classify`'s or
 `masked_tokens`' loss, step and evaluation) and hands it to `setup.train`.
@@ -24,6 +25,7 @@ from experiments.training import (
     baseline,
     checkpoints,
     classify,
+    distill,
     finetune,
     masked_tokens,
     optim,
@@ -53,10 +55,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     config, d, o = s.config, s.config.data, s.config.optim
     pre = finetune.load(config) if finetune.requested(config) else None
     src_tokenizer = pre.tokenizer if pre else s.src.tokenizer if s.src else None
+    if src_tokenizer is None and fields.distills(config):
+        src_tokenizer = distill.tokenizer(config, workdir)
     data = encoding.load(
         d, add_cls=config.model.pooling == "cls", workdir=workdir, tokenizer=src_tokenizer
     )
     train, validation, test = (data.splits[name] for name in SPLITS)
+    taught = distill.prepare(config, data, workdir) if fields.distills(config) else None
     if pre:
         cfg = finetune.model_config(config, pre.encoder, len(data.label_names))
         nb = o.bag_init == "naive_bayes"
@@ -90,14 +95,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             desc=desc,
         )
 
-    task = setup.Task(
-        cfg=cfg,
-        tokenizer=data.tokenizer,
-        train_ids=train.ids,
-        meta=checkpoints.new_meta(cfg, data.label_names, ema=o.ema_decay > 0),
-        step=functools.partial(classify.train_step, **classify.loss_options(o)),
-        init_params=init_params,
-        batches=lambda start: batching.train_stream(
+    def batches(start: int):
+        if taught:
+            return taught.batches(config, s.dp, start)
+        return batching.train_stream(
             train.ids,
             train.labels,
             seed=config.train.seed,
@@ -105,14 +106,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             rows=s.dp.rows(d.batch_size),
             bag_ids=train.bag_ids,
             **batching.options(d),
+        )
+
+    task = setup.Task(
+        cfg=cfg,
+        tokenizer=data.tokenizer,
+        train_ids=taught.split.ids if taught else train.ids,
+        meta=checkpoints.new_meta(cfg, data.label_names, ema=o.ema_decay > 0),
+        step=functools.partial(
+            classify.train_step, **classify.loss_options(o, config.get("distill"))
         ),
+        init_params=init_params,
+        batches=batches,
         evaluate=lambda state: split_metrics(state, validation),
         ema=o.ema_decay > 0,
-        summary=pre.describe() if pre else "",
+        summary=pre.describe() if pre else taught.summary if taught else "",
         warm=finetune.warm if pre and not pre.random else None,
         lr_scales=finetune.layer_scales(pre.layer_keys, o.layer_decay) if pre else None,
     )
-    best = setup.train(s, task, workdir, schedule.training(config, len(train.ids)))
+    best = setup.train(s, task, workdir, schedule.training(config, len(task.train_ids)))
     result = split_metrics(best, test, desc=f"test (step {int(best['step'])})")
     result["step"] = int(best["step"])
     result["label_names"] = list(data.label_names)  # as evaluate's files have them
