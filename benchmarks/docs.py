@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from benchmarks import distill, finetune
+from benchmarks import chinese, distill, finetune
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The pages whose regions are rendered; benchmarks/REPORT.md is written whole by report.py.
@@ -84,6 +84,7 @@ def headline(r: dict) -> str:
         f"| | the same without attention (`--config.model.num_layers=0`) | {_seed_list(off)} | "
         f"{_mean_std(off)} |",
         f"| | {b['features']} TF-IDF + logistic regression | {_pct(b['test_accuracy'])}% | |",
+        *_chinese_rows(r),
         *_distilled_rows(r, distill.CHINESE, "`configs/distill.py`"),
         f"| IMDB, official split ({ib['num_test']:,}) | `configs/{im['config']}` | "
         f"{_seed_list(imdb)} | {_mean_std(imdb)} |",
@@ -99,6 +100,32 @@ def headline(r: dict) -> str:
             f"(seed{'s' if len(accs) > 1 else ''} {seeds}) |{mean}|"
         )
     return "\n".join(rows)
+
+
+def _chinese_finetuned(r: dict) -> tuple[str, str, list[float]] | None:
+    """(the checkpoint's name, the rate row chosen on validation, its test accuracy by seed),
+    once a learning-rate row of the chinese section has run; None before."""
+    sec = r.get("chinese")
+    row = chinese.chosen_rate(sec) if sec else None
+    if row is None:
+        return None
+    name = os.path.basename(sec["pretrained"].rstrip("/"))
+    return name, row, _seeds(chinese.seeds_of(sec, row))
+
+
+def _chinese_rows(r: dict) -> list[str]:
+    """The headline's row of the fine-tuned Chinese encoder, when it has run."""
+    found = _chinese_finetuned(r)
+    if found is None:
+        return []
+    name, row, accs = found
+    seeds = ", ".join(sorted(chinese.seeds_of(r["chinese"], row), key=int))
+    which = "" if len(accs) == 3 else f" (seed{'s' if len(accs) > 1 else ''} {seeds})"
+    return [
+        f"| | {name} fine-tuned (`configs/finetune.py`, learning rate "
+        f"{row.removeprefix('finetuned_lr')}) | {_seed_list(accs)}{which} | "
+        f"{_mean_std(accs) if len(accs) > 1 else ''} |"
+    ]
 
 
 def _distilled(r: dict, key: str) -> tuple[dict, str, list[float]] | None:
@@ -137,6 +164,11 @@ def verdict(r: dict) -> str:
     on, off, imdb = _seeds(acc["seeds"]), _seeds(acc["no_attention"]), _seeds(im["seeds"])
     margin = float(np.mean(on) - np.mean(off))
     above = [a - ib["test_accuracy"] for a in imdb]
+    tuned = ""
+    if _chinese_finetuned(r):
+        name, _, accs = _chinese_finetuned(r)
+        own = r["chinese"]["runs"]["tfidf"]
+        tuned = f" Fine-tuned, {name} {_compare(accs, own)} (the run's own)."
     found = _distilled(r, distill.CHINESE)
     taught = ""
     if found:
@@ -150,7 +182,7 @@ def verdict(r: dict) -> str:
     return (
         f"On the embedded reviews the model {_compare(on, b)}; "
         f"attention adds {_points(margin)} points of mean test accuracy over the same model "
-        f"without it.{taught} On IMDB it {_compare(imdb, ib)}"
+        f"without it.{tuned}{taught} On IMDB it {_compare(imdb, ib)}"
         + (
             f" (every seed above, by {_points(min(above))}-{_points(max(above))} points)"
             if min(above) > 0
@@ -307,6 +339,78 @@ def finetune_verdict(r: dict) -> str:
             f"{'above' if gap > 0 else 'below'} it (target 5: {met(bag)})."
         )
     return said
+
+
+def chinese_table(sec: dict) -> str:
+    """The chinese section's rows: test and best validation per seed, mean, wall time; the run's
+    own TF-IDF; the learning rate chosen on validation."""
+    lines = [
+        "| row | test accuracy by seed | mean | best validation by seed | wall time per run |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for row in chinese.ROWS:
+        runs = chinese.seeds_of(sec, row)
+        if row == "tfidf" or not runs:
+            continue
+        seeds = sorted(runs, key=int)
+        accs = [runs[k]["test_accuracy"] for k in seeds]
+        val = " / ".join(f"{_pct(runs[k]['best_validation_accuracy'])}%" for k in seeds)
+        lines.append(
+            f"| {chinese.LABELS[row]} | {_seed_list(accs)} (seed{'s' * (len(seeds) > 1)} "
+            f"{', '.join(seeds)}) | {_pct(np.mean(accs))}% | {val} | "
+            f"{_minutes([runs[k] for k in seeds])} |"
+        )
+    tfidf = sec["runs"].get("tfidf")
+    if tfidf:
+        lines.append(
+            f"| {chinese.LABELS['tfidf']} | {_pct(tfidf['test_accuracy'])}% | | "
+            f"{_pct(tfidf['validation_accuracy'][str(tfidf['best_C'])])}% "
+            f"(C={tfidf['best_C']:g}) | {tfidf['wall_s']:.0f} s |"
+        )
+    row = chinese.chosen_rate(sec)
+    if row:
+        lines += ["", f"Chosen on validation: {chinese.LABELS[row]}."]
+    return "\n".join(lines)
+
+
+def audit_summary(sec: dict) -> str:
+    """The label audit in one paragraph: the estimated noise, what reading by hand found."""
+    w, u = sec["audited"]["1"], sec["audited"]["0"]
+    return (
+        f"Confident learning (cleanlab) over 5-fold out-of-fold probabilities of char 1-3-gram "
+        f"TF-IDF + logistic regression on all {sec['num_texts']:,} texts estimates "
+        f"**{sec['noise_rate']:.1%}** of the labels wrong (the confident joint's off-diagonal "
+        f"mass: {sec['joint_off_diagonal']:.1%}); it flags {sec['flagged']:,} texts, "
+        f"{sec['test_flagged']} of the test split's {sec['num_test']:,}. Read by hand "
+        f"(`benchmarks/data/chinese_reviews_audit.csv`): {w} flagged test texts (all of them) "
+        f"and {u} unflagged ones drawn at random. The given label is wrong on "
+        f"**{sec['given_wrong']['1']:.1%}** of the flagged texts and "
+        f"**{sec['given_wrong']['0']:.1%}** of the unflagged ones that state a sentiment; "
+        f"{sec['unclear']['1']} flagged and {sec['unclear']['0']} unflagged texts state none, or "
+        "both (left out of the audited accuracies)."
+    )
+
+
+def audit_table(sec: dict) -> str:
+    """Each model's accuracy on the audited texts against the given and the audited labels."""
+    lines = [
+        "Each model's accuracy on the audited texts, against the given labels and the audited "
+        "ones, by stratum, and reweighted to the whole test split by the strata's sizes. The "
+        "flags come from TF-IDF's own out-of-fold probabilities, so on the flagged texts TF-IDF "
+        "disagrees with the given label by construction, and agrees with a corrected one more "
+        "often than a model that makes other errors would.",
+        "",
+        "| model | given labels: flagged / unflagged / test estimate | audited labels: flagged / "
+        "unflagged / test estimate |",
+        "| --- | --- | --- |",
+    ]
+    for name, m in sec["models"].items():
+        cells = [
+            " / ".join(f"{m[k][part]:.1%}" for part in ("flagged", "unflagged", "test_estimate"))
+            for k in ("label", "audited")
+        ]
+        lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
 
 
 def distill_table(part: dict) -> str:
@@ -577,6 +681,12 @@ RENDER: dict[str, Callable[[dict], str]] = {
     "finetune-verdict": finetune_verdict,
     "finetune-imdb": lambda r: finetune_imdb(r["finetune"]),
     "peers": peers,
+    "chinese": lambda r: chinese_table(r["chinese"]) if "chinese" in r else "Not measured yet.",
+    "audit": lambda r: (
+        f"{audit_summary(r['audit'])}\n\n{audit_table(r['audit'])}"
+        if "audit" in r
+        else "Not measured yet."
+    ),
     "distill-chinese": lambda r: distill_table(_distill_part(r, distill.CHINESE)),
     "distill-english": lambda r: distill_table(_distill_part(r, _english_key(r))),
     "distill-chinese-speed": lambda r: distill_speed(_distill_part(r, distill.CHINESE)),

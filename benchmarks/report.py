@@ -568,10 +568,7 @@ def _families_md(sec: dict) -> list[str]:
 
 
 def _chinese_md(sec: dict) -> list[str]:
-    from benchmarks import chinese
-
-    tfidf = sec["runs"].get("tfidf")
-    lines = [
+    return [
         f"## {SECTIONS['chinese'][0]}",
         "",
         f"`configs/finetune.py` on the embedded Chinese reviews with `{sec['pretrained']}`, each "
@@ -581,69 +578,20 @@ def _chinese_md(sec: dict) -> list[str]:
         "configs/default.py from scratch (section 3). Command: "
         f"`{SECTIONS['chinese'][1]}`.",
         "",
-        "| row | test accuracy by seed | mean | best validation by seed | wall time per run |",
-        "| --- | --- | --- | --- | --- |",
+        docs.chinese_table(sec),
+        "",
     ]
-    for row in chinese.ROWS:
-        if row == "tfidf" or not chinese.seeds_of(sec, row):
-            continue
-        runs = chinese.seeds_of(sec, row)
-        seeds = sorted(runs, key=int)
-        test = " / ".join(f"{runs[k]['test_accuracy']:.2%}" for k in seeds)
-        val = " / ".join(f"{runs[k]['best_validation_accuracy']:.2%}" for k in seeds)
-        mean = np.mean([runs[k]["test_accuracy"] for k in seeds])
-        walls = [runs[k]["wall_s"] / 60 for k in seeds]
-        lines.append(
-            f"| {chinese.LABELS[row]} | {test} (seeds {', '.join(seeds)}) | {mean:.2%} | {val} | "
-            f"{min(walls):.0f}-{max(walls):.0f} min |"
-        )
-    if tfidf:
-        lines.append(
-            f"| {chinese.LABELS['tfidf']} | {tfidf['test_accuracy']:.2%} | | "
-            f"{tfidf['validation_accuracy'][str(tfidf['best_C'])]:.2%} (C={tfidf['best_C']:g}) | "
-            f"{tfidf['wall_s']:.0f} s |"
-        )
-    row = chinese.chosen_rate(sec)
-    if row:
-        lines += ["", f"Chosen on validation: {chinese.LABELS[row]}."]
-    return [*lines, ""]
 
 
 def _audit_md(sec: dict) -> list[str]:
-    w, u = sec["audited"]["1"], sec["audited"]["0"]
-    lines = [
+    return [
         f"## {SECTIONS['audit'][0]}",
         "",
-        f"Confident learning (cleanlab) over 5-fold out-of-fold probabilities of char 1-3-gram "
-        f"TF-IDF + logistic regression on all {sec['num_texts']:,} texts estimates "
-        f"**{sec['noise_rate']:.1%}** of the labels wrong (the confident joint's off-diagonal "
-        f"mass: {sec['joint_off_diagonal']:.1%}); it flags {sec['flagged']:,} texts, "
-        f"{sec['test_flagged']} of the test split's {sec['num_test']:,}. Read by hand "
-        f"(`benchmarks/data/chinese_reviews_audit.csv`): {w} flagged test texts (all of them) "
-        f"and {u} unflagged ones drawn at random. The given label is wrong on "
-        f"**{sec['given_wrong']['1']:.1%}** of the flagged texts and "
-        f"**{sec['given_wrong']['0']:.1%}** of the unflagged ones that state a sentiment; "
-        f"{sec['unclear']['1']} flagged and {sec['unclear']['0']} unflagged texts state none, or "
-        "both (left out of the audited accuracies). Command: "
-        f"`{SECTIONS['audit'][1]}`.",
+        docs.audit_summary(sec) + f" Command: `{SECTIONS['audit'][1]}`.",
         "",
-        "Each model's accuracy on the audited texts, against the given labels and the audited "
-        "ones, by stratum, and reweighted to the whole test split by the strata's sizes. The "
-        "flags come from TF-IDF's own out-of-fold probabilities, so on the flagged texts TF-IDF "
-        "disagrees with the given label by construction, and agrees with a corrected one more "
-        "often than a model that makes other errors would.",
+        docs.audit_table(sec),
         "",
-        "| model | given labels: flagged / unflagged / test estimate | audited labels: flagged / "
-        "unflagged / test estimate |",
-        "| --- | --- | --- |",
     ]
-    for name, m in sec["models"].items():
-        cells = [
-            " / ".join(f"{m[k][part]:.1%}" for part in ("flagged", "unflagged", "test_estimate"))
-            for k in ("label", "audited")
-        ]
-        lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
-    return [*lines, ""]
 
 
 def _export_md(sec: dict) -> list[str]:

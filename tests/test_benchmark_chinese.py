@@ -4,11 +4,13 @@ reweighted to the test split."""
 
 import collections
 import csv
+import json
+import os
 
 import numpy as np
 import pytest
 
-from benchmarks import audit, chinese
+from benchmarks import audit, chinese, docs
 from experiments.errors import UserError
 
 
@@ -45,6 +47,46 @@ def test_the_target_holds_only_when_every_seed_clears_it():
     sec["runs"]["finetuned_lr1e-4"]["seeds"]["1"] = _run(0.886, 0.9)
     t = chinese.targets(sec)
     assert t["above_tfidf"]["met"] and not t["moonshot"]["met"]
+
+
+def test_the_chinese_fine_tune_shows_in_the_headline_verdict_and_results_page():
+    with open(os.path.join(docs.ROOT, "benchmarks", "results.json"), encoding="utf-8") as f:
+        results = json.load(f)
+    results.pop("chinese", None)
+    before = docs.headline(results)
+    assert "fine-tuned (`configs/finetune.py`" not in before
+    assert "Not measured yet." in docs.RENDER["chinese"](results)
+    tfidf = {
+        "test_accuracy": 0.8586,
+        "features": "char 1-3-grams",
+        "best_C": 10.0,
+        "validation_accuracy": {"10.0": 0.84},
+        "num_test": 1726,
+        "wall_s": 17.0,
+    }
+    results["chinese"] = {
+        "pretrained": "/data/m3e-small/",
+        "runs": {
+            "tfidf": tfidf,
+            "finetuned_lr1e-4": {"seeds": {"0": _run(0.8905, 0.87)}},
+            "finetuned_lr2e-4": {"seeds": {"0": _run(0.95, 0.86)}},
+        },
+    }
+    after = docs.headline(results).splitlines()
+    new = [i for i, line in enumerate(after) if line not in before.splitlines()]
+    # one row, right after the embedded data's TF-IDF, with the rate chosen on validation (1e-4,
+    # whose test is the lower) and its one seed
+    assert len(new) == 1 and "TF-IDF" in after[new[0] - 1]
+    assert (
+        "m3e-small fine-tuned (`configs/finetune.py`, learning rate 1e-4) | 89.05% (seed 0) |"
+        in (after[new[0]])
+    )
+    assert "Fine-tuned, m3e-small **beats** char 1-3-grams TF-IDF" in docs.verdict(results)
+    table = docs.RENDER["chinese"](results)
+    assert (
+        "| fine-tuned at learning rate 2e-4 | 95.00% (seed 0) | 95.00% | 86.00% | 1 min |" in table
+    )
+    assert table.endswith("Chosen on validation: fine-tuned at learning rate 1e-4.")
 
 
 def test_the_audited_file_is_the_test_splits_texts_with_their_given_labels():
