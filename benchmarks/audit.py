@@ -176,6 +176,18 @@ def models_from(workdirs: str, quick: bool, chinese: dict | None) -> dict[str, s
     return out
 
 
+def test_shares(sec: dict) -> tuple[float, float]:
+    """(labels wrong, texts that state no sentiment or both) as shares of the whole test split:
+    each stratum's rates among the texts read by hand, weighted by the stratum's size."""
+    flagged = sec["test_flagged"] / sec["num_test"]
+    wrong = unclear = 0.0
+    for f, weight in (("1", flagged), ("0", 1.0 - flagged)):
+        vague = sec["unclear"][f] / sec["audited"][f]
+        wrong += weight * sec["given_wrong"][f] * (1.0 - vague)
+        unclear += weight * vague
+    return wrong, unclear
+
+
 def run(quick: bool, models: dict[str, str], c: float = 100.0) -> dict:
     """The audit section: the noise estimates over the embedded reviews (a tenth of them with
     `quick`) and each model's accuracies on the audited texts: TF-IDF (C=c, the run's own

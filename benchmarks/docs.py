@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from benchmarks import chinese, distill, finetune
+from benchmarks import audit, chinese, distill, finetune
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The pages whose regions are rendered; benchmarks/REPORT.md is written whole by report.py.
@@ -179,6 +179,14 @@ def verdict(r: dict) -> str:
             + (" (every seed above)" if min(accs) > b["test_accuracy"] else "")
             + "."
         )
+    noise = ""
+    if "audit" in r:
+        wrong, unclear = audit.test_shares(r["audit"])
+        noise = (
+            f" About {_pct(wrong)}% of the embedded test labels are wrong and {_pct(unclear)}% of "
+            "its texts state no clear sentiment (read by hand), which bounds every accuracy on "
+            "that data."
+        )
     return (
         f"On the embedded reviews the model {_compare(on, b)}; "
         f"attention adds {_points(margin)} points of mean test accuracy over the same model "
@@ -189,6 +197,7 @@ def verdict(r: dict) -> str:
             else ""
         )
         + "."
+        + noise
     )
 
 
@@ -388,6 +397,19 @@ def audit_summary(sec: dict) -> str:
         f"**{sec['given_wrong']['0']:.1%}** of the unflagged ones that state a sentiment; "
         f"{sec['unclear']['1']} flagged and {sec['unclear']['0']} unflagged texts state none, or "
         "both (left out of the audited accuracies)."
+    )
+
+
+def label_noise(r: dict) -> str:
+    """What the audit says the embedded labels are worth, in one sentence."""
+    if "audit" not in r:
+        return "How many of these labels are wrong is not measured yet."
+    wrong, unclear = audit.test_shares(r["audit"])
+    return (
+        f"Read by hand, about {_pct(wrong)}% of the test split's labels are wrong and "
+        f"{_pct(unclear)}% of its texts state no sentiment, or both "
+        f"([results.md](results.md#how-noisy-the-embedded-labels-are)): every accuracy on this "
+        "data counts those as errors of the model, whichever label it gives."
     )
 
 
@@ -682,6 +704,7 @@ RENDER: dict[str, Callable[[dict], str]] = {
     "finetune-imdb": lambda r: finetune_imdb(r["finetune"]),
     "peers": peers,
     "chinese": lambda r: chinese_table(r["chinese"]) if "chinese" in r else "Not measured yet.",
+    "label-noise": label_noise,
     "audit": lambda r: (
         f"{audit_summary(r['audit'])}\n\n{audit_table(r['audit'])}"
         if "audit" in r

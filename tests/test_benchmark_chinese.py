@@ -89,6 +89,27 @@ def test_the_chinese_fine_tune_shows_in_the_headline_verdict_and_results_page():
     assert table.endswith("Chosen on validation: fine-tuned at learning rate 1e-4.")
 
 
+def test_the_label_noise_is_weighted_to_the_test_split_and_said_in_the_verdict():
+    sec = {
+        "num_test": 1000,
+        "test_flagged": 100,
+        "audited": {"1": 100, "0": 100},
+        "unclear": {"1": 20, "0": 10},
+        "given_wrong": {"1": 0.5, "0": 0.1},
+    }
+    wrong, unclear = audit.test_shares(sec)
+    # flagged: 10% of test, 40% wrong (half of the 80% clear); unflagged: 90%, 9% wrong
+    assert wrong == pytest.approx(0.1 * 0.4 + 0.9 * 0.09)
+    assert unclear == pytest.approx(0.1 * 0.2 + 0.9 * 0.1)
+    with open(os.path.join(docs.ROOT, "benchmarks", "results.json"), encoding="utf-8") as f:
+        results = json.load(f)
+    results.pop("audit", None)
+    assert "wrong" not in docs.verdict(results)
+    results["audit"] = sec
+    assert "About 12.10% of the embedded test labels are wrong and 11.00%" in docs.verdict(results)
+    assert docs.RENDER["label-noise"](results).startswith("Read by hand, about 12.10%")
+
+
 def test_the_audited_file_is_the_test_splits_texts_with_their_given_labels():
     rows = audit.read_audit()
     strata = collections.Counter(r["flagged"] for r in rows)
