@@ -168,7 +168,10 @@ def verdict(r: dict) -> str:
     if _chinese_finetuned(r):
         name, _, accs = _chinese_finetuned(r)
         own = r["chinese"]["runs"]["tfidf"]
-        tuned = f" Fine-tuned, {name} {_compare(accs, own)} (the run's own)."
+        tuned = (
+            f" Fine-tuned, {name} {_compare(accs, own)} (that run's own baseline, "
+            f"{_pct(own['test_accuracy'])}%)."
+        )
     found = _distilled(r, distill.CHINESE)
     taught = ""
     if found:
@@ -190,7 +193,7 @@ def verdict(r: dict) -> str:
     return (
         f"On the embedded reviews the model {_compare(on, b)}; "
         f"attention adds {_points(margin)} points of mean test accuracy over the same model "
-        f"without it.{tuned}{taught} On IMDB it {_compare(imdb, ib)}"
+        f"without it.{tuned}{taught} On IMDB the model {_compare(imdb, ib)}"
         + (
             f" (every seed above, by {_points(min(above))}-{_points(max(above))} points)"
             if min(above) > 0

@@ -568,10 +568,11 @@ def _families_md(sec: dict) -> list[str]:
 
 
 def _chinese_md(sec: dict) -> list[str]:
+    name = os.path.basename(sec["pretrained"].rstrip("/"))
     return [
         f"## {SECTIONS['chinese'][0]}",
         "",
-        f"`configs/finetune.py` on the embedded Chinese reviews with `{sec['pretrained']}`, each "
+        f"`configs/finetune.py` on the embedded Chinese reviews with `{name}`, each "
         "row once per seed on the dataset's fixed split, read on test once; the learning rate is "
         "chosen on validation (best mean validation accuracy over the seeds every rate ran). "
         "Beside it the run's own char TF-IDF baseline (case kept, as the fine-tune's) and "
