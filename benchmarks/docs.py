@@ -167,10 +167,11 @@ def verdict(r: dict) -> str:
     tuned = ""
     if _chinese_finetuned(r):
         name, _, accs = _chinese_finetuned(r)
-        own = r["chinese"]["runs"]["tfidf"]
+        own = r["chinese"]["runs"]["tfidf"]["test_accuracy"]
+        gap = float(np.mean(accs)) - own
         tuned = (
-            f" Fine-tuned, {name} {_compare(accs, own)} (that run's own baseline, "
-            f"{_pct(own['test_accuracy'])}%)."
+            f" Fine-tuned, {name} is {_points(gap)} points {'above' if gap > 0 else 'below'} "
+            f"its own run's TF-IDF ({_pct(own)}%)."
         )
     found = _distilled(r, distill.CHINESE)
     taught = ""
@@ -186,9 +187,8 @@ def verdict(r: dict) -> str:
     if "audit" in r:
         wrong, unclear = audit.test_shares(r["audit"])
         noise = (
-            f" About {_pct(wrong)}% of the embedded test labels are wrong and {_pct(unclear)}% of "
-            "its texts state no clear sentiment (read by hand), which bounds every accuracy on "
-            "that data."
+            f" Read by hand, {_pct(wrong)}% of the embedded test labels are wrong and "
+            f"{_pct(unclear)}% of its texts unclear."
         )
     return (
         f"On the embedded reviews the model {_compare(on, b)}; "
