@@ -10,7 +10,7 @@ import os
 
 import matplotlib
 import numpy as np
-from matplotlib import font_manager
+from matplotlib import font_manager, ft2font
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
@@ -44,15 +44,32 @@ def style() -> dict:
     return {"font.family": [family, "DejaVu Sans"]} if family else {}
 
 
+@functools.cache
+def _glyphs() -> frozenset[int]:
+    """The code points `style`'s fonts have glyphs for."""
+    paths = [font_manager.findfont("DejaVu Sans"), cjk_font_path()]
+    return frozenset(c for p in paths if p for c in ft2font.FT2Font(p).get_charmap())
+
+
+def drawable(token: str) -> str:
+    """`token` as a figure labels it: a character no font of `style` has is written U+XXXX. A
+    checkpoint's vocabulary holds emoji (bert-base-chinese's has 👍), which were drawn as empty
+    boxes, with a matplotlib warning per figure."""
+    glyphs = _glyphs()
+    return "".join(c if c.isspace() or ord(c) in glyphs else f"U+{ord(c):04X}" for c in token)
+
+
 def needs_rotation(labels: list[str]) -> bool:
-    """Whether some label is longer than 2 characters, and so is turned vertical on an x axis."""
-    return any(len(t) > 2 for t in labels)
+    """Whether some label is longer than 2 characters as drawn, and so is turned vertical on an
+    x axis."""
+    return any(len(drawable(t)) > 2 for t in labels)
 
 
 def token_ticks(ax: Axes, axis: str, tokens: list[str]) -> None:
     """One 8-point label per token on `axis` ("x" or "y"). On x, when some token is longer than
     2 characters, every token but single characters (a CJK text's, punctuation) turns vertical,
-    so neighbours never overlap and CJK stays upright."""
+    so neighbours never overlap and CJK stays upright. Tokens are labelled as `drawable`."""
+    tokens = [drawable(t) for t in tokens]
     if axis == "y":
         ax.set_yticks(range(len(tokens)), tokens, fontsize=8)
         return

@@ -215,7 +215,7 @@ def plot_steps(
         _matrix(ax_w, h.weights_LxL, h, title_w, shapes["square"], weights=True, **square)
         _matrix(ax_out, h.out_LxK, h, "output = weights V", shapes["head"], query=query, **features)
         ax_before, ax_after = bottom.subplots(1, 2)
-        who = f"query {query} '{h.tokens[query]}'"
+        who = f"query {query} '{plots.drawable(h.tokens[query])}'"
         _bars(
             ax_before,
             h.scaled_LxL[query],
