@@ -4,10 +4,10 @@ unless its tokenizer_config.json says do_lower_case false); else its SentencePie
 only tokenizer file DeBERTa-v3 checkpoints ship (`sentencepiece_model`: built as transformers
 builds it, its special tokens those special_tokens_map.json names).
 
-`encode` gives a text's ids without special tokens; `frame` is what `encoding.cut` puts around
-them, [CLS] ... [SEP], so a cut text keeps both. Ids are attn's: the checkpoint's own with its
-padding id and 0 exchanged (`attn.encoder_classifier.to_checkpoint` undoes it inside the model),
-so 0 pads whatever the checkpoint pads with (RoBERTa's <pad> is 1, its <s> 0). The shipped
+`encode` gives a text's ids without special tokens; its `specials.frame` is what `encoding.cut`
+puts around them, [CLS] ... [SEP], so a cut text keeps both. Ids are attn's: the checkpoint's own
+with its padding id and 0 exchanged (`attn.encoder_classifier.to_checkpoint` undoes it inside the
+model), so 0 pads whatever the checkpoint pads with (RoBERTa's <pad> is 1, its <s> 0). The shipped
 tokenizer.json of many checkpoints pads and truncates to a fixed length by itself; both are
 switched off here (truncation is `encoding.cut`'s head + tail, padding the batches').
 
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from attn.encoders import hub
-from experiments.data import sentencepiece_model
+from experiments.data import sentencepiece_model, tokenizers
 from experiments.errors import UserError
 
 KIND = "pretrained"
@@ -43,9 +43,8 @@ BATCH_PAD = 0  # the id attn's batches pad with
 
 
 class CheckpointTokenizer:
-    """A checkpoint's tokenizer; `kind`, `lowercase`, `vocab_size`, `encode`, `tokens` and `save`
-    as `tokenizers.Tokenizer` has them, plus `frame`, `decode` and the special ids (attn's ids;
-    `pad_id` is the checkpoint's own)."""
+    """A checkpoint's tokenizer, a `tokenizers.Tokenizer`, plus `frame`, `words`, `decode` and the
+    special ids (attn's ids; `pad_id` is the checkpoint's own)."""
 
     kind = KIND
 
@@ -68,6 +67,7 @@ class CheckpointTokenizer:
         self.cls_id, self.sep_id, self.unk_id = (
             int(self._exchange(np.array([ids[r]]))[0]) for r in ("cls", "sep", "unk")
         )
+        self.specials = tokenizers.Specials(((self.cls_id,), (self.sep_id,)), self.unk_id)
 
     def _exchange(self, ids: np.ndarray) -> np.ndarray:
         """The checkpoint's ids <-> attn's: its padding id and 0 exchanged (an involution)."""
@@ -82,11 +82,11 @@ class CheckpointTokenizer:
     @property
     def frame(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(ids before, ids after) a text: ([CLS], [SEP])."""
-        return (self.cls_id,), (self.sep_id,)
+        return self.specials.frame
 
     @property
     def special_ids(self) -> frozenset[int]:
-        return frozenset((self.cls_id, self.sep_id, BATCH_PAD, self.unk_id))
+        return self.specials.silent
 
     def encode(self, text: str) -> np.ndarray:
         text = text.lower() if self.lowercase else text

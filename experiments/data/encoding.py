@@ -66,7 +66,7 @@ def encode_split(
 ) -> Split:
     """Texts and their labels (int32 [N]) encoded as config.data `data` cuts them."""
     raw = [tokenizer.encode(t) for t in texts]
-    frame = frame_of(tokenizer)
+    frame = tokenizer.specials.frame
     ids = cut(raw, max_len=data.max_len, add_cls=add_cls, tail_len=data.tail_len, frame=frame)
     return Split(texts, ids, labels, bag_cut(raw, data, add_cls, frame))
 
@@ -79,15 +79,19 @@ def encode(
     add_cls: bool,
     tail_len: int = 0,
 ) -> list[np.ndarray]:
-    """Token ids per text, int32 [n <= max_len]; CLS (if any) counts (see `cut`)."""
+    """Token ids per text, int32 [n <= max_len]; CLS (if any) counts (see `cut`). Anything with an
+    `encode` will do: one without a `Specials` record is framed as attn's own tokenizers are."""
     raw = [tokenizer.encode(t) for t in texts]
-    return cut(raw, max_len=max_len, add_cls=add_cls, tail_len=tail_len, frame=frame_of(tokenizer))
+    frame = getattr(tokenizer, "specials", tokenizers.OWN).frame
+    return cut(raw, max_len=max_len, add_cls=add_cls, tail_len=tail_len, frame=frame)
 
 
-def frame_of(tokenizer: tokenizers.Tokenizer) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """The ids a tokenizer puts around each text (a checkpoint's [CLS] ... [SEP]); None for
-    attn's own, which `cut` frames with CLS when add_cls."""
-    return getattr(tokenizer, "frame", None)
+def around(
+    frame: tuple[Sequence[int], Sequence[int]] | None, add_cls: bool
+) -> tuple[Sequence[int], Sequence[int]]:
+    """(ids before, ids after) that `cut` puts around a text: `frame` (a checkpoint's [CLS] and
+    [SEP]), else CLS when add_cls."""
+    return frame if frame is not None else ([CLS] * add_cls, [])
 
 
 def cut(
@@ -104,7 +108,7 @@ def cut(
     A longer text keeps its first max_len - tail_len tokens (CLS included) and its last tail_len:
     a review often states its verdict at the end (Sun et al. 2019 keep head and tail on IMDB).
     """
-    before, after = frame if frame is not None else ([CLS] * add_cls, [])
+    before, after = around(frame, add_cls)
     framing = len(before) + len(after)
     if max_len < 1 + framing:
         raise ValueError(f"max_len must be >= {1 + framing}, got {max_len}")
@@ -140,7 +144,7 @@ def bag_window(
             f"data.bag_len must be 0 or an integer >= max_len ({data.max_len}), got "
             f"{data.bag_len!r}"
         )
-    framing = add_cls if frame is None else sum(map(len, frame))
+    framing = sum(map(len, around(frame, add_cls)))
     keep, bag_keep = data.max_len - framing, data.bag_len - framing
     return {
         "max_len": data.bag_len,

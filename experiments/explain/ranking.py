@@ -31,7 +31,7 @@ def bag_source(trained: serving.Trained, text: str) -> np.ndarray | None:
     data, add_cls = trained.config.data, trained.cfg.pooling == "cls"
     if not data.bag_len:
         return None
-    frame = encoding.frame_of(trained.tokenizer)
+    frame = trained.tokenizer.specials.frame
     # Marks above every framing id ([CLS], [SEP] or CLS), so each marks one token of the text.
     first = int(serving.framing_ids(trained).max()) + 1
     marks = np.arange(len(trained.tokenizer.encode(text)), dtype=np.int32) + first

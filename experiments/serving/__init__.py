@@ -14,7 +14,6 @@ import numpy as np
 from attn import encoder_classifier, encoders, models
 from configs import finetune
 from experiments.data import checkpoint_tokenizer, encoding, scripts, tokenizers
-from experiments.data.tokenizers import CLS
 from experiments.errors import UserError
 from experiments.training import checkpoints, workdir_reader
 
@@ -80,9 +79,7 @@ def load_pretrained(path: str) -> Trained:
 def framing_ids(trained: Trained) -> np.ndarray:
     """int32: the ids that are no token of a text, which no ranking picks and no erasure removes:
     PAD and the tokens put around a text (CLS, or a checkpoint's [CLS] and [SEP])."""
-    frame = encoding.frame_of(trained.tokenizer)
-    around = [CLS] if frame is None else [*frame[0], *frame[1]]
-    return np.array(sorted({tokenizers.PAD, *around}), np.int32)
+    return np.array(sorted(trained.tokenizer.specials.framing), np.int32)
 
 
 def _describe(held: workdir_reader.Workdir) -> str:
@@ -116,7 +113,7 @@ def encode_bag(trained: Trained, text: str) -> np.ndarray | None:
     tok = trained.tokenizer
     raw = [tok.encode(encoding.check_text(text))]
     add_cls = trained.cfg.pooling == "cls"
-    bags = encoding.bag_cut(raw, trained.config.data, add_cls, encoding.frame_of(tok))
+    bags = encoding.bag_cut(raw, trained.config.data, add_cls, tok.specials.frame)
     return None if bags is None else bags[0]
 
 
@@ -143,11 +140,11 @@ def words(trained: Trained, text: str, ids_L: np.ndarray) -> Words:
         max_len=trained.cfg.max_len,
         add_cls=trained.cfg.pooling == "cls",
         tail_len=trained.config.data.tail_len,
-        frame=encoding.frame_of(tok),
+        frame=tok.specials.frame,
     )[0]
-    pieces = tok.words(text) if hasattr(tok, "words") else None
+    pieces = tok.words(text) if tok.specials.frame is not None else None
     shown = tok.tokens(ids_L.tolist())
-    unknown = {getattr(tok, "unk_id", tokenizers.UNK), *framing_ids(trained).tolist()}
+    unknown = tok.specials.silent
     index: dict[int, int] = {}
     texts: list[str] = []
     of_L = np.full(len(ids_L), -1, np.int32)
@@ -181,9 +178,8 @@ def known_tokens(trained: Trained, ids_L: np.ndarray) -> int:
     """How many of the ids [L] are tokens of the text that the vocabulary knows: PAD, UNK and
     CLS say nothing about the text, and neither do spaces between unknown words."""
     tok = trained.tokenizer
-    special = getattr(tok, "special_ids", frozenset((tokenizers.PAD, tokenizers.UNK, CLS)))
     return sum(
-        int(i) not in special and int(i) > tokenizers.PAD and bool(t.strip())
+        int(i) not in tok.specials.silent and bool(t.strip())
         for i, t in zip(ids_L, tok.tokens(ids_L.tolist()), strict=True)
     )
 
@@ -194,7 +190,7 @@ def reading(trained: Trained, text: str, ids_L: np.ndarray) -> Reading:
     few tokens, or on none."""
     tok = trained.tokenizer
     known = known_tokens(trained, ids_L)
-    unknown = int(np.sum(ids_L == getattr(tok, "unk_id", tokenizers.UNK)))
+    unknown = int(np.sum(ids_L == tok.specials.unk))
     notes = []
     if not known:
         notes.append(NO_KNOWN_TOKENS)
@@ -206,7 +202,7 @@ def reading(trained: Trained, text: str, ids_L: np.ndarray) -> Reading:
     elif trained.scripts:
         notes.extend(scripts.foreign_note(trained.scripts, text))
     whole = len(trained.tokenizer.encode(encoding.check_text(text)))
-    frame = encoding.frame_of(tok)
+    frame = tok.specials.frame
     add_cls = trained.cfg.pooling == "cls"
     specials = _specials(trained)
     data = trained.config.data
@@ -214,9 +210,7 @@ def reading(trained: Trained, text: str, ids_L: np.ndarray) -> Reading:
     if whole > keep:
         only = "only " if 2 * keep < whole else ""  # most of the text unread: said loudly
         note = f"read {only}{_part_read(keep, data.tail_len)} of {whole} tokens"
-        if (
-            getattr(trained.cfg, "bag_buckets", 0) and data.bag_len
-        ):  # the bag reads more than attention does
+        if trained.cfg.bag_buckets and data.bag_len:  # the bag reads more than attention does
             bag = encoding.bag_window(data, add_cls, frame)
             bag_keep = bag["max_len"] - specials
             bag_read = "all" if whole <= bag_keep else _part_read(bag_keep, bag["tail_len"])
@@ -227,8 +221,8 @@ def reading(trained: Trained, text: str, ids_L: np.ndarray) -> Reading:
 
 def _specials(trained: Trained) -> int:
     """How many of the tokens the model reads are put around the text: CLS, or [CLS] [SEP]."""
-    frame = encoding.frame_of(trained.tokenizer)
-    return int(trained.cfg.pooling == "cls") if frame is None else sum(map(len, frame))
+    around = encoding.around(trained.tokenizer.specials.frame, trained.cfg.pooling == "cls")
+    return sum(map(len, around))
 
 
 def longest_input(cfg: models.AnyConfig) -> int | None:

@@ -161,7 +161,7 @@ def predict(trained: serving.Trained, table: Table) -> None:
                 row.error = "no text" if row.text is None else str(e)
     tok, data, add_cls = trained.tokenizer, trained.config.data, trained.cfg.pooling == "cls"
     raw = [tok.encode(r.text) for r in tqdm(todo, desc="tokenize", unit="text", leave=False)]
-    frame = encoding.frame_of(tok)
+    frame = tok.specials.frame
     ids = encoding.cut(
         raw, max_len=trained.cfg.max_len, add_cls=add_cls, tail_len=data.tail_len, frame=frame
     )
