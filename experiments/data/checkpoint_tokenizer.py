@@ -31,11 +31,9 @@ from experiments.errors import UserError
 
 KIND = "pretrained"
 SUBDIR = "checkpoint_tokenizer"  # in a workdir: the copied files
-# Copied beside the tokenizer file where present: what reading it consults.
-_EXTRA = ("tokenizer_config.json", "special_tokens_map.json")
-# Every tokenizer file a saved tokenizer may hold: one of the first three (read in that order),
-# the rest where present.
-FILES = ("tokenizer.json", "vocab.txt", "spm.model", *_EXTRA)
+# Every tokenizer file a saved tokenizer may hold, as a hub download fetches them: one tokenizer
+# (`_READERS`, tried in order) and, where present, the files that say how to read it.
+FILES = hub.TOKENIZER_FILES
 CONFIG = "config.json"  # the checkpoint's, saved beside them
 # (cls, sep, pad, unk) token names of the families attn.encoders loads, when the files name none.
 _NAMES = (("[CLS]", "[SEP]", "[PAD]", "[UNK]"), ("<s>", "</s>", "<pad>", "<unk>"))
@@ -180,36 +178,50 @@ def _read(directory: Path):
         raise UserError(
             "a checkpoint's tokenizer needs Hugging Face's tokenizers: pip install tokenizers"
         ) from None
-    extra = [n for n in _EXTRA if (directory / n).is_file()]
-    if (directory / "tokenizer.json").is_file():
-        try:
-            tok = hf.Tokenizer.from_file(str(directory / "tokenizer.json"))
-        except Exception as e:  # noqa: BLE001 (the library raises its own types)
-            raise UserError(f"cannot read {directory / 'tokenizer.json'}: {e}") from None
-        files = ["tokenizer.json", *extra]
-    elif (directory / "vocab.txt").is_file():
-        lower = _config(directory).get("do_lower_case", True)
-        tok = hf.implementations.BertWordPieceTokenizer(
-            str(directory / "vocab.txt"), lowercase=bool(lower)
-        )
-        files = ["vocab.txt", *extra]
-    elif (directory / "spm.model").is_file():
-        config = _config(directory)
-        tok = sentencepiece_model.tokenizer(
-            directory / "spm.model",
-            _named_specials(directory),
-            lowercase=bool(config.get("do_lower_case", False)),
-            split_by_punct=bool(config.get("split_by_punct", False)),
-        )
-        files = ["spm.model", *extra]
-    else:
+    name = next((n for n in _READERS if (directory / n).is_file()), None)
+    if name is None:
         raise UserError(
             f"{str(directory)!r} has no tokenizer.json, vocab.txt or spm.model: the checkpoint's "
             "tokenizer is needed to fine-tune it"
         )
+    tok = _READERS[name](hf, directory)
     tok.no_padding()
     tok.no_truncation()
-    return tok, files
+    return tok, [name, *(n for n in _EXTRA if (directory / n).is_file())]
+
+
+def _from_json(hf: Any, directory: Path) -> Any:
+    try:
+        return hf.Tokenizer.from_file(str(directory / "tokenizer.json"))
+    except Exception as e:  # noqa: BLE001 (the library raises its own types)
+        raise UserError(f"cannot read {directory / 'tokenizer.json'}: {e}") from None
+
+
+def _from_wordpiece(hf: Any, directory: Path) -> Any:
+    lower = _config(directory).get("do_lower_case", True)
+    return hf.implementations.BertWordPieceTokenizer(
+        str(directory / "vocab.txt"), lowercase=bool(lower)
+    )
+
+
+def _from_sentencepiece(hf: Any, directory: Path) -> Any:
+    config = _config(directory)
+    return sentencepiece_model.tokenizer(
+        directory / "spm.model",
+        _named_specials(directory),
+        lowercase=bool(config.get("do_lower_case", False)),
+        split_by_punct=bool(config.get("split_by_punct", False)),
+    )
+
+
+# The tokenizer files, in the order they are tried; the other FILES say how to read them and are
+# copied beside the one read.
+_READERS = {
+    "tokenizer.json": _from_json,
+    "vocab.txt": _from_wordpiece,
+    "spm.model": _from_sentencepiece,
+}
+_EXTRA = tuple(n for n in FILES if n not in _READERS)
 
 
 def _config(directory: Path) -> dict:
