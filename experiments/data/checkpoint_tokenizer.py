@@ -41,8 +41,8 @@ BATCH_PAD = 0  # the id attn's batches pad with
 
 
 class CheckpointTokenizer:
-    """A checkpoint's tokenizer, a `tokenizers.Tokenizer`, plus `frame`, `words`, `decode` and the
-    special ids (attn's ids; `pad_id` is the checkpoint's own)."""
+    """A checkpoint's tokenizer, a `tokenizers.Tokenizer`, plus `frame`, `decode` and the special
+    ids (attn's ids; `pad_id` is the checkpoint's own)."""
 
     kind = KIND
 
@@ -87,21 +87,30 @@ class CheckpointTokenizer:
         return self.specials.silent
 
     def encode(self, text: str) -> np.ndarray:
-        text = text.lower() if self.lowercase else text
-        ids = np.array(self._hf.encode(text, add_special_tokens=False).ids, np.int32)
-        return self._exchange(ids)
+        return self._ids(self._encoded(text)[1])
 
-    def words(self, text: str) -> list[tuple[int, str]]:
-        """For each token of `encode(text)`: the number of the word it is a piece of, and that
-        word as the text writes it (the tokenizer's own words: "toaster" for "toast" "##er";
-        BERT's split punctuation off)."""
-        text = text.lower() if self.lowercase else text
-        enc = self._hf.encode(text, add_special_tokens=False)
+    def encode_words(self, text: str) -> tokenizers.Pieces:
+        """`encode`'s ids and the tokenizer's own words, as the text writes them ("toaster" for
+        "toast" "##er"; BERT's split punctuation off), lowercased when the tokenizer is."""
+        text, enc = self._encoded(text)
         spans: dict[int, tuple[int, int]] = {}
         for w, (start, end) in zip(enc.word_ids, enc.offsets, strict=True):
             s, e = spans.get(w, (start, end))
             spans[w] = (min(s, start), max(e, end))
-        return [(w, text[slice(*spans[w])]) for w in enc.word_ids]
+        number = {w: n for n, w in enumerate(spans)}  # in the order the words come
+        word_n = np.array([number[w] for w in enc.word_ids], np.int32)
+        return tokenizers.Pieces(
+            self._ids(enc), word_n, tuple(text[slice(*s)] for s in spans.values())
+        )
+
+    def _encoded(self, text: str) -> tuple[str, Any]:
+        """`text` as the tokenizer reads it (lowercased when it lowercases) and the library's
+        encoding of it."""
+        text = text.lower() if self.lowercase else text
+        return text, self._hf.encode(text, add_special_tokens=False)
+
+    def _ids(self, enc: Any) -> np.ndarray:
+        return self._exchange(np.array(enc.ids, np.int32))
 
     def tokens(self, ids: Iterable[int]) -> list[str]:
         own = self._exchange(np.array(list(ids), np.int64))

@@ -154,6 +154,49 @@ def bag_window(
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class Cut:
+    """One whole text's ids as the model reads them, and where each came from in the text."""
+
+    ids_L: np.ndarray  # int32 [L]: what attention reads (`cut`)
+    bag_G: np.ndarray | None  # int32 [G]: what the bag reads (`bag_cut`); None: the bag reads ids_L
+    index_L: np.ndarray  # int32 [L]: each position's token in the whole text; -1: put around it
+    # int32 [G]: each bag token's position in ids_L, -1 for those only the bag reads; the ids put
+    # around the text are where attention has them. None with bag_G.
+    source_G: np.ndarray | None
+
+
+def cut_text(
+    raw_n: np.ndarray,
+    data: Any,
+    *,
+    max_len: int,
+    add_cls: bool,
+    frame: tuple[Sequence[int], Sequence[int]] | None = None,
+) -> Cut:
+    """`cut` and `bag_cut` of one whole text's ids [n], and the same cuts of its token indices,
+    so that what attention reads, what the bag reads and the text line up exactly."""
+    ids_L = cut([raw_n], max_len=max_len, add_cls=add_cls, tail_len=data.tail_len, frame=frame)[0]
+    before, after = around(frame, add_cls)
+    unmarked = ([-1] * len(before), [-1] * len(after))  # what is put around the text: no index
+    text_n = np.arange(len(raw_n), dtype=np.int32)
+    index_L = cut(
+        [text_n], max_len=max_len, add_cls=add_cls, tail_len=data.tail_len, frame=unmarked
+    )[0]
+    if not data.bag_len:
+        return Cut(ids_L, None, index_L, None)
+    window = bag_window(data, add_cls, frame)
+    bag_G = cut([raw_n], **window)[0]
+    index_G = cut([text_n], **{**window, "frame": unmarked})[0]
+    at_n = np.full(len(raw_n) + 1, -1, np.int32)  # each token's position in ids_L; [-1]: none
+    inside = np.flatnonzero(index_L >= 0)
+    at_n[index_L[inside]] = inside
+    source_G = at_n[index_G]
+    source_G[: len(before)] = np.arange(len(before))
+    source_G[len(bag_G) - len(after) :] = np.arange(len(ids_L) - len(after), len(ids_L))
+    return Cut(ids_L, bag_G, index_L, source_G)
+
+
 def _cut(ids_L: np.ndarray, keep: int, tail_len: int) -> np.ndarray:
     if len(ids_L) <= keep:
         return ids_L

@@ -65,6 +65,17 @@ class Specials:
 OWN = Specials(frame=None, unk=UNK)  # attn's byte, char and word tokenizers
 
 
+@dataclasses.dataclass(frozen=True)
+class Pieces:
+    """A whole text's ids from one call of its tokenizer, and the word each id is a piece of:
+    a checkpoint's pieces ("toast" "##er") make one word as the text writes it ("toaster");
+    attn's own tokens are each a word, as the vocabulary writes it."""
+
+    ids: np.ndarray  # int32 [n]: `encode`'s
+    word_n: np.ndarray  # int32 [n]: each id's word in `words`
+    words: tuple[str, ...]
+
+
 class Tokenizer(Protocol):
     kind: str
     lowercase: bool
@@ -75,9 +86,18 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> np.ndarray: ...
 
+    def encode_words(self, text: str) -> Pieces:
+        """`encode`'s ids and their words, from the one call of the tokenizer."""
+        ...
+
     def tokens(self, ids: Iterable[int]) -> list[str]: ...
 
     def save(self, directory: str | Path) -> None: ...
+
+
+def _own_pieces(tok: Tokenizer, ids: np.ndarray) -> Pieces:
+    """`Pieces` of attn's own tokenizers: one word per token."""
+    return Pieces(ids, np.arange(len(ids), dtype=np.int32), tuple(tok.tokens(ids.tolist())))
 
 
 def split_words(text: str) -> list[str]:
@@ -104,6 +124,9 @@ class ByteTokenizer:
         text = text.lower() if self.lowercase else text
         raw = text.encode("utf-8", "surrogatepass")
         return np.frombuffer(raw, np.uint8).astype(np.int32) + len(RESERVED)
+
+    def encode_words(self, text: str) -> Pieces:
+        return _own_pieces(self, self.encode(text))
 
     def tokens(self, ids: Iterable[int]) -> list[str]:
         return [_byte_display(int(i)) for i in ids]
@@ -153,6 +176,9 @@ class VocabTokenizer:
     def encode(self, text: str) -> np.ndarray:
         get = self._ids.get
         return np.array([get(t, UNK) for t in self.split(text)], np.int32)
+
+    def encode_words(self, text: str) -> Pieces:
+        return _own_pieces(self, self.encode(text))
 
     def tokens(self, ids: Iterable[int]) -> list[str]:
         n = len(self.vocab)
