@@ -22,7 +22,7 @@ from experiments.training import checkpoints, workdir_reader
 @dataclasses.dataclass(frozen=True)
 class Trained:
     config: ml_collections.ConfigDict
-    cfg: models.AnyConfig  # attn.classifier's or attn.encoder_classifier's, as meta["family"] says
+    cfg: models.AnyConfig  # attn.classifier's or attn.encoder_classifier's: `models.family` says
     params: Any  # the weight average when the run kept one
     tokenizer: tokenizers.Tokenizer
     label_names: tuple[str, ...]
