@@ -14,7 +14,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from experiments import cli
-from experiments.data import checkpoint_tokenizer, chosen, encoding, tokenizers
+from experiments.data import checkpoint_tokenizer, chosen, encoding
 from experiments.errors import UserError
 
 _PERCENTILES = (50, 90, 99, 100)
@@ -35,9 +35,9 @@ def describe(config: Any) -> str:
     tok = checkpoint_tokenizer.for_config(config) if pretrained else None
     data = encoding.load(data_cfg, add_cls=False, tokenizer=tok)
     tok, names = data.tokenizer, data.label_names
-    frame = encoding.frame_of(tok)
+    frame = tok.specials.frame
     framing = sum(len(part) for part in frame) if frame else 0
-    unk_id = getattr(tok, "unk_id", tokenizers.UNK)
+    unk_id = tok.specials.unk
     lines = [
         f"dataset {data_cfg.dataset}  labels {list(names)}  tokenizer {tok.kind}  "
         f"vocab_size {tok.vocab_size}  max_len {data_cfg.max_len}",

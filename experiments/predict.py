@@ -58,20 +58,27 @@ UNKNOWN = "unknown"
 
 
 def predict_one(trained: serving.Trained, text: str, top: int) -> dict:
-    """Label, its probability and the `top` most-attended tokens of one text; label None and
+    """`predict_read` of `text`, read here."""
+    return predict_read(trained, serving.read(trained, text), top)
+
+
+def predict_read(trained: serving.Trained, r: serving.Read, top: int) -> dict:
+    """Label, its probability and the `top` most-attended words of one text read; label None and
     probability None when the text has no token in the vocabulary; `note` when the answer reads
     less than it seems (see the module docstring)."""
-    ids_L = serving.encode(trained, text)
-    r = serving.reading(trained, text, ids_L)
-    about = {"num_tokens": len(ids_L), "text_tokens": r.text_tokens, "known_tokens": r.known_tokens}
-    notes = [*r.notes, serving.read_more(trained, r.text_tokens)] if r.cut else r.notes
+    seen = r.reading
+    about = {
+        "num_tokens": len(r.ids_L),
+        "text_tokens": seen.text_tokens,
+        "known_tokens": seen.known_tokens,
+    }
+    notes = [*seen.notes, serving.read_more(trained, seen.text_tokens)] if seen.cut else seen.notes
     about |= {"note": "; ".join(notes)} if notes else {}
-    if not r.known_tokens:
+    if not seen.known_tokens:
         return {"label": None, "probability": None, "top_tokens": [], **about}
-    bag_G = serving.encode_bag(trained, text)
-    result = maps.analyse(trained.params, trained.cfg, ids_L, bag_G, trained.config.data)
+    result = maps.analyse(trained.params, trained.cfg, r.ids_L, r.bag_G, trained.config.data)
     probs_C, received_L = result["probs"], result["received"]
-    w = serving.words(trained, text, ids_L)
+    w = r.words
     real_L = w.of_L >= 0
     received_W = np.bincount(w.of_L[real_L], received_L[real_L], minlength=len(w.texts))
     order = np.argsort(-received_W, kind="stable")[:top]
@@ -164,9 +171,10 @@ def main(fv: flags.FlagValues, argv: list[str]) -> int:
     failed = 0
     for n, text in enumerate(texts, 1):
         try:
-            p = predict_one(trained, text, fv.top)
+            r = serving.read(trained, text)
+            p = predict_read(trained, r, fv.top)
             if fv.explain and p["label"] is not None:
-                p["explain"] = ranking.explain(trained, text, fv.top)
+                p["explain"] = ranking.explain_read(trained, r, fv.top)
         except UserError as e:
             failed += 1
             print(f"error: text {n}: {e}", file=sys.stderr)

@@ -60,15 +60,14 @@ def visualize(
     cfg = trained.cfg
     _check_choice(cfg, layer=layer, head=head, window=window, pad_to=pad_to, max_tokens=max_tokens)
     _check_out(out)
-    encoded, bags, notes = [], [], []  # every text is checked before anything is written
+    reads = []  # every text is checked before anything is written
     for n, text in enumerate(texts, 1):
         try:
-            encoded.append(serving.encode(trained, text))
-            bags.append(serving.encode_bag(trained, text))
+            reads.append(serving.read(trained, text))
         except UserError as e:
             raise UserError(f"text {n}: {e}") from None
-        notes.append("; ".join(serving.reading(trained, text, encoded[-1]).notes))
-    drawn = [_window(ids_L, window, pad_to) for ids_L in encoded]
+    notes = ["; ".join(r.reading.notes) for r in reads]
+    drawn = [_window(r.ids_L, window, pad_to) for r in reads]
     for n, ids_L in enumerate(drawn if steps else drawn[:1], 1):
         if not 0 <= query < len(ids_L):
             raise UserError(
@@ -88,9 +87,7 @@ def visualize(
     try:
         names = _draw(
             trained,
-            texts,
-            encoded,
-            bags,
+            reads,
             drawn,
             notes,
             fresh,
@@ -149,9 +146,7 @@ def _window(ids_L: np.ndarray, window: int, pad_to: int) -> np.ndarray:
 
 def _draw(
     trained: serving.Trained,
-    texts: list[str],
-    encoded: list[np.ndarray],
-    bags: list[np.ndarray | None],
+    reads: list[serving.Read],
     drawn: list[np.ndarray],
     notes: list[str],
     out: str,
@@ -169,14 +164,12 @@ def _draw(
     first = None
     x_title = models.steps_input(cfg, layer)
     qk_titles = models.steps_qk(cfg, layer)
-    for n, (ids_L, bag_G, view_L, note) in enumerate(
-        zip(encoded, bags, drawn, notes, strict=True), 1
-    ):
-        result = maps.analyse(trained.params, cfg, ids_L, bag_G, trained.config.data)
-        tokens = trained.tokenizer.tokens(ids_L.tolist())
+    for n, (r, view_L, note) in enumerate(zip(reads, drawn, notes, strict=True), 1):
+        ids_L, tokens = r.ids_L, r.tokens_L
+        result = maps.analyse(trained.params, cfg, ids_L, r.bag_G, trained.config.data)
         label = trained.label_names[int(result["probs"].argmax())]
         caption = f"text {n}: {label} ({result['probs'].max():.2f})"
-        checked = ranking.explain(trained, texts[n - 1])
+        checked = ranking.explain_read(trained, r)
         rows.append(
             (f"{caption} ({note})" if note else caption, tokens, result["received"], checked)
         )

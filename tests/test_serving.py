@@ -1,29 +1,41 @@
 """Reading a trained run without training one: a workdir written by hand (config.json, a
 tokenizer, checkpoints of a known state) is read by the one reader that serving and warm start
 share, and served with exactly its weights, its labels and a description of which checkpoint
-answers; what cannot be served is refused in one line."""
+answers; what cannot be served is refused in one line. Every command that answers for a text
+tokenizes it once."""
 
+import collections
 import os
 import re
 
 import jax
 import numpy as np
 import pytest
+from conftest import ROOT, run_here
 
 from configs import default
 from experiments import fields, serving, workdirs
-from experiments.data import tokenizers
+from experiments.data import checkpoint_tokenizer, tokenizers
 from experiments.errors import UserError
 from experiments.training import checkpoints, optim, warm_start, workdir_reader
 
 LABELS = ("neg", "pos")
 
 
-def _workdir(tmp_path, *, ema=False, best=True, finished=False, objective=checkpoints.CLASSIFIER):
-    """A workdir as train leaves it: config.json, the tokenizer, a best checkpoint at step 4 (if
-    `best`) and a last one at step 6; returns it and the state saved at step 4."""
+def _workdir(
+    tmp_path,
+    *,
+    ema=False,
+    best=True,
+    finished=False,
+    objective=checkpoints.CLASSIFIER,
+    config=None,
+):
+    """A workdir as train leaves it: config.json (`config`, default.py:tiny's if None), the
+    tokenizer, a best checkpoint at step 4 (if `best`) and a last one at step 6; returns it and
+    the state saved at step 4."""
     workdir = str(tmp_path / "run")
-    config = default.get_config("tiny")
+    config = default.get_config("tiny") if config is None else config
     tok = tokenizers.build_tokenizer(
         "char", ["好看", "不好"], lowercase=True, min_freq=1, max_vocab=0
     )
@@ -136,3 +148,82 @@ def test_what_cannot_be_served_is_refused_in_one_line(tmp_path, damage, message)
     with pytest.raises(UserError, match=re.escape(message)) as e:
         serving.load(workdir)
     assert "\n" not in str(e.value)
+
+
+@pytest.fixture
+def tokenized(monkeypatch) -> collections.Counter:
+    """How often each text goes through a tokenizer: attn's own splits it into tokens, a
+    checkpoint's library encodes it."""
+    calls: collections.Counter = collections.Counter()
+    split = tokenizers.VocabTokenizer.split
+    monkeypatch.setattr(
+        tokenizers.VocabTokenizer,
+        "split",
+        lambda tok, text: calls.update([text]) or split(tok, text),
+    )
+
+    class Counted:  # the library's tokenizer, its encode counted
+        def __init__(self, hf):
+            self.hf = hf
+
+        def encode(self, text, **kwargs):
+            calls.update([text])
+            return self.hf.encode(text, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(self.hf, name)
+
+    read = checkpoint_tokenizer._read
+
+    def counted(directory):
+        hf, files = read(directory)
+        return Counted(hf), files
+
+    monkeypatch.setattr(checkpoint_tokenizer, "_read", counted)
+    return calls
+
+
+def _tokenized_once(calls, capsys, command, *args, texts) -> str:
+    """`command`'s stdout, once it has tokenized each of `texts` exactly once."""
+    calls.clear()
+    proc = run_here(command, *args, capsys=capsys)
+    assert proc.returncode == 0, proc.stderr
+    assert calls == dict.fromkeys(texts, 1), (command, args)
+    return proc.stdout
+
+
+@pytest.mark.filterwarnings("ignore:No artists with labels")  # a workdir with no metrics: no curves
+def test_each_command_tokenizes_each_text_once(tmp_path, tokenized, capsys):
+    """predict of one text (and with --explain), predict --path over a file and visualize take a
+    text's ids, its bag's, its words and the note on what was read from one reading of it: on a
+    model whose bag reads more of a text than attention does, and on a checkpoint's classifier
+    with its word pieces."""
+    config = default.get_config("tiny")
+    config.model.bag_buckets, config.data.bag_len, config.data.tail_len = 64, 128, 8
+    workdir, _ = _workdir(tmp_path, config=config)
+    long, short = "好看" * 40 + "不好", "不好看"  # the long one cut for attention, not for the bag
+    rows = tmp_path / "rows.csv"
+    for source, texts in (
+        (f"--workdir={workdir}", [long, short, "好 看"]),
+        (
+            f"--pretrained={ROOT / 'tests/data/encoders/tiny_bert_classifier'}",
+            ["a toaster", "dull"],
+        ),
+    ):
+        predict = ("experiments.predict", source)
+        _tokenized_once(tokenized, capsys, *predict, texts[0], texts=texts[:1])
+        out = _tokenized_once(tokenized, capsys, *predict, "--explain", texts[0], texts=texts[:1])
+        assert out.splitlines()[1].split("\t")[3] != "-"  # explained, not refused as unknown
+        rows.write_text("text\n" + "".join(f"{t}\n" for t in texts), encoding="utf-8")
+        _tokenized_once(tokenized, capsys, *predict, f"--path={rows}", texts=texts)
+    out = f"--out={tmp_path / 'vis'}"
+    _tokenized_once(
+        tokenized,
+        capsys,
+        "experiments.visualize",
+        f"--workdir={workdir}",
+        out,
+        long,
+        short,
+        texts=[long, short],
+    )

@@ -4,10 +4,10 @@ unless its tokenizer_config.json says do_lower_case false); else its SentencePie
 only tokenizer file DeBERTa-v3 checkpoints ship (`sentencepiece_model`: built as transformers
 builds it, its special tokens those special_tokens_map.json names).
 
-`encode` gives a text's ids without special tokens; `frame` is what `encoding.cut` puts around
-them, [CLS] ... [SEP], so a cut text keeps both. Ids are attn's: the checkpoint's own with its
-padding id and 0 exchanged (`attn.encoder_classifier.to_checkpoint` undoes it inside the model),
-so 0 pads whatever the checkpoint pads with (RoBERTa's <pad> is 1, its <s> 0). The shipped
+`encode` gives a text's ids without special tokens; its `specials.frame` is what `encoding.cut`
+puts around them, [CLS] ... [SEP], so a cut text keeps both. Ids are attn's: the checkpoint's own
+with its padding id and 0 exchanged (`attn.encoder_classifier.to_checkpoint` undoes it inside the
+model), so 0 pads whatever the checkpoint pads with (RoBERTa's <pad> is 1, its <s> 0). The shipped
 tokenizer.json of many checkpoints pads and truncates to a fixed length by itself; both are
 switched off here (truncation is `encoding.cut`'s head + tail, padding the batches').
 
@@ -26,16 +26,14 @@ from typing import Any
 import numpy as np
 
 from attn.encoders import hub
-from experiments.data import sentencepiece_model
+from experiments.data import sentencepiece_model, tokenizers
 from experiments.errors import UserError
 
 KIND = "pretrained"
 SUBDIR = "checkpoint_tokenizer"  # in a workdir: the copied files
-# Copied beside the tokenizer file where present: what reading it consults.
-_EXTRA = ("tokenizer_config.json", "special_tokens_map.json")
-# Every tokenizer file a saved tokenizer may hold: one of the first three (read in that order),
-# the rest where present.
-FILES = ("tokenizer.json", "vocab.txt", "spm.model", *_EXTRA)
+# Every tokenizer file a saved tokenizer may hold, as a hub download fetches them: one tokenizer
+# (`_READERS`, tried in order) and, where present, the files that say how to read it.
+FILES = hub.TOKENIZER_FILES
 CONFIG = "config.json"  # the checkpoint's, saved beside them
 # (cls, sep, pad, unk) token names of the families attn.encoders loads, when the files name none.
 _NAMES = (("[CLS]", "[SEP]", "[PAD]", "[UNK]"), ("<s>", "</s>", "<pad>", "<unk>"))
@@ -43,9 +41,8 @@ BATCH_PAD = 0  # the id attn's batches pad with
 
 
 class CheckpointTokenizer:
-    """A checkpoint's tokenizer; `kind`, `lowercase`, `vocab_size`, `encode`, `tokens` and `save`
-    as `tokenizers.Tokenizer` has them, plus `frame`, `decode` and the special ids (attn's ids;
-    `pad_id` is the checkpoint's own)."""
+    """A checkpoint's tokenizer, a `tokenizers.Tokenizer`, plus `frame`, `decode` and the special
+    ids (attn's ids; `pad_id` is the checkpoint's own)."""
 
     kind = KIND
 
@@ -68,6 +65,7 @@ class CheckpointTokenizer:
         self.cls_id, self.sep_id, self.unk_id = (
             int(self._exchange(np.array([ids[r]]))[0]) for r in ("cls", "sep", "unk")
         )
+        self.specials = tokenizers.Specials(((self.cls_id,), (self.sep_id,)), self.unk_id)
 
     def _exchange(self, ids: np.ndarray) -> np.ndarray:
         """The checkpoint's ids <-> attn's: its padding id and 0 exchanged (an involution)."""
@@ -82,28 +80,37 @@ class CheckpointTokenizer:
     @property
     def frame(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(ids before, ids after) a text: ([CLS], [SEP])."""
-        return (self.cls_id,), (self.sep_id,)
+        return self.specials.frame
 
     @property
     def special_ids(self) -> frozenset[int]:
-        return frozenset((self.cls_id, self.sep_id, BATCH_PAD, self.unk_id))
+        return self.specials.silent
 
     def encode(self, text: str) -> np.ndarray:
-        text = text.lower() if self.lowercase else text
-        ids = np.array(self._hf.encode(text, add_special_tokens=False).ids, np.int32)
-        return self._exchange(ids)
+        return self._ids(self._encoded(text)[1])
 
-    def words(self, text: str) -> list[tuple[int, str]]:
-        """For each token of `encode(text)`: the number of the word it is a piece of, and that
-        word as the text writes it (the tokenizer's own words: "toaster" for "toast" "##er";
-        BERT's split punctuation off)."""
-        text = text.lower() if self.lowercase else text
-        enc = self._hf.encode(text, add_special_tokens=False)
+    def encode_words(self, text: str) -> tokenizers.Pieces:
+        """`encode`'s ids and the tokenizer's own words, as the text writes them ("toaster" for
+        "toast" "##er"; BERT's split punctuation off), lowercased when the tokenizer is."""
+        text, enc = self._encoded(text)
         spans: dict[int, tuple[int, int]] = {}
         for w, (start, end) in zip(enc.word_ids, enc.offsets, strict=True):
             s, e = spans.get(w, (start, end))
             spans[w] = (min(s, start), max(e, end))
-        return [(w, text[slice(*spans[w])]) for w in enc.word_ids]
+        number = {w: n for n, w in enumerate(spans)}  # in the order the words come
+        word_n = np.array([number[w] for w in enc.word_ids], np.int32)
+        return tokenizers.Pieces(
+            self._ids(enc), word_n, tuple(text[slice(*s)] for s in spans.values())
+        )
+
+    def _encoded(self, text: str) -> tuple[str, Any]:
+        """`text` as the tokenizer reads it (lowercased when it lowercases) and the library's
+        encoding of it."""
+        text = text.lower() if self.lowercase else text
+        return text, self._hf.encode(text, add_special_tokens=False)
+
+    def _ids(self, enc: Any) -> np.ndarray:
+        return self._exchange(np.array(enc.ids, np.int32))
 
     def tokens(self, ids: Iterable[int]) -> list[str]:
         own = self._exchange(np.array(list(ids), np.int64))
@@ -180,36 +187,50 @@ def _read(directory: Path):
         raise UserError(
             "a checkpoint's tokenizer needs Hugging Face's tokenizers: pip install tokenizers"
         ) from None
-    extra = [n for n in _EXTRA if (directory / n).is_file()]
-    if (directory / "tokenizer.json").is_file():
-        try:
-            tok = hf.Tokenizer.from_file(str(directory / "tokenizer.json"))
-        except Exception as e:  # noqa: BLE001 (the library raises its own types)
-            raise UserError(f"cannot read {directory / 'tokenizer.json'}: {e}") from None
-        files = ["tokenizer.json", *extra]
-    elif (directory / "vocab.txt").is_file():
-        lower = _config(directory).get("do_lower_case", True)
-        tok = hf.implementations.BertWordPieceTokenizer(
-            str(directory / "vocab.txt"), lowercase=bool(lower)
-        )
-        files = ["vocab.txt", *extra]
-    elif (directory / "spm.model").is_file():
-        config = _config(directory)
-        tok = sentencepiece_model.tokenizer(
-            directory / "spm.model",
-            _named_specials(directory),
-            lowercase=bool(config.get("do_lower_case", False)),
-            split_by_punct=bool(config.get("split_by_punct", False)),
-        )
-        files = ["spm.model", *extra]
-    else:
+    name = next((n for n in _READERS if (directory / n).is_file()), None)
+    if name is None:
         raise UserError(
             f"{str(directory)!r} has no tokenizer.json, vocab.txt or spm.model: the checkpoint's "
             "tokenizer is needed to fine-tune it"
         )
+    tok = _READERS[name](hf, directory)
     tok.no_padding()
     tok.no_truncation()
-    return tok, files
+    return tok, [name, *(n for n in _EXTRA if (directory / n).is_file())]
+
+
+def _from_json(hf: Any, directory: Path) -> Any:
+    try:
+        return hf.Tokenizer.from_file(str(directory / "tokenizer.json"))
+    except Exception as e:  # noqa: BLE001 (the library raises its own types)
+        raise UserError(f"cannot read {directory / 'tokenizer.json'}: {e}") from None
+
+
+def _from_wordpiece(hf: Any, directory: Path) -> Any:
+    lower = _config(directory).get("do_lower_case", True)
+    return hf.implementations.BertWordPieceTokenizer(
+        str(directory / "vocab.txt"), lowercase=bool(lower)
+    )
+
+
+def _from_sentencepiece(hf: Any, directory: Path) -> Any:
+    config = _config(directory)
+    return sentencepiece_model.tokenizer(
+        directory / "spm.model",
+        _named_specials(directory),
+        lowercase=bool(config.get("do_lower_case", False)),
+        split_by_punct=bool(config.get("split_by_punct", False)),
+    )
+
+
+# The tokenizer files, in the order they are tried; the other FILES say how to read them and are
+# copied beside the one read.
+_READERS = {
+    "tokenizer.json": _from_json,
+    "vocab.txt": _from_wordpiece,
+    "spm.model": _from_sentencepiece,
+}
+_EXTRA = tuple(n for n in FILES if n not in _READERS)
 
 
 def _config(directory: Path) -> dict:

@@ -66,7 +66,7 @@ def encode_split(
 ) -> Split:
     """Texts and their labels (int32 [N]) encoded as config.data `data` cuts them."""
     raw = [tokenizer.encode(t) for t in texts]
-    frame = frame_of(tokenizer)
+    frame = tokenizer.specials.frame
     ids = cut(raw, max_len=data.max_len, add_cls=add_cls, tail_len=data.tail_len, frame=frame)
     return Split(texts, ids, labels, bag_cut(raw, data, add_cls, frame))
 
@@ -79,15 +79,19 @@ def encode(
     add_cls: bool,
     tail_len: int = 0,
 ) -> list[np.ndarray]:
-    """Token ids per text, int32 [n <= max_len]; CLS (if any) counts (see `cut`)."""
+    """Token ids per text, int32 [n <= max_len]; CLS (if any) counts (see `cut`). Anything with an
+    `encode` will do: one without a `Specials` record is framed as attn's own tokenizers are."""
     raw = [tokenizer.encode(t) for t in texts]
-    return cut(raw, max_len=max_len, add_cls=add_cls, tail_len=tail_len, frame=frame_of(tokenizer))
+    frame = getattr(tokenizer, "specials", tokenizers.OWN).frame
+    return cut(raw, max_len=max_len, add_cls=add_cls, tail_len=tail_len, frame=frame)
 
 
-def frame_of(tokenizer: tokenizers.Tokenizer) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """The ids a tokenizer puts around each text (a checkpoint's [CLS] ... [SEP]); None for
-    attn's own, which `cut` frames with CLS when add_cls."""
-    return getattr(tokenizer, "frame", None)
+def around(
+    frame: tuple[Sequence[int], Sequence[int]] | None, add_cls: bool
+) -> tuple[Sequence[int], Sequence[int]]:
+    """(ids before, ids after) that `cut` puts around a text: `frame` (a checkpoint's [CLS] and
+    [SEP]), else CLS when add_cls."""
+    return frame if frame is not None else ([CLS] * add_cls, [])
 
 
 def cut(
@@ -104,7 +108,7 @@ def cut(
     A longer text keeps its first max_len - tail_len tokens (CLS included) and its last tail_len:
     a review often states its verdict at the end (Sun et al. 2019 keep head and tail on IMDB).
     """
-    before, after = frame if frame is not None else ([CLS] * add_cls, [])
+    before, after = around(frame, add_cls)
     framing = len(before) + len(after)
     if max_len < 1 + framing:
         raise ValueError(f"max_len must be >= {1 + framing}, got {max_len}")
@@ -140,7 +144,7 @@ def bag_window(
             f"data.bag_len must be 0 or an integer >= max_len ({data.max_len}), got "
             f"{data.bag_len!r}"
         )
-    framing = add_cls if frame is None else sum(map(len, frame))
+    framing = sum(map(len, around(frame, add_cls)))
     keep, bag_keep = data.max_len - framing, data.bag_len - framing
     return {
         "max_len": data.bag_len,
@@ -148,6 +152,49 @@ def bag_window(
         "tail_len": data.tail_len * bag_keep // keep if keep else 0,
         "frame": frame,
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class Cut:
+    """One whole text's ids as the model reads them, and where each came from in the text."""
+
+    ids_L: np.ndarray  # int32 [L]: what attention reads (`cut`)
+    bag_G: np.ndarray | None  # int32 [G]: what the bag reads (`bag_cut`); None: the bag reads ids_L
+    index_L: np.ndarray  # int32 [L]: each position's token in the whole text; -1: put around it
+    # int32 [G]: each bag token's position in ids_L, -1 for those only the bag reads; the ids put
+    # around the text are where attention has them. None with bag_G.
+    source_G: np.ndarray | None
+
+
+def cut_text(
+    raw_n: np.ndarray,
+    data: Any,
+    *,
+    max_len: int,
+    add_cls: bool,
+    frame: tuple[Sequence[int], Sequence[int]] | None = None,
+) -> Cut:
+    """`cut` and `bag_cut` of one whole text's ids [n], and the same cuts of its token indices,
+    so that what attention reads, what the bag reads and the text line up exactly."""
+    ids_L = cut([raw_n], max_len=max_len, add_cls=add_cls, tail_len=data.tail_len, frame=frame)[0]
+    before, after = around(frame, add_cls)
+    unmarked = ([-1] * len(before), [-1] * len(after))  # what is put around the text: no index
+    text_n = np.arange(len(raw_n), dtype=np.int32)
+    index_L = cut(
+        [text_n], max_len=max_len, add_cls=add_cls, tail_len=data.tail_len, frame=unmarked
+    )[0]
+    if not data.bag_len:
+        return Cut(ids_L, None, index_L, None)
+    window = bag_window(data, add_cls, frame)
+    bag_G = cut([raw_n], **window)[0]
+    index_G = cut([text_n], **{**window, "frame": unmarked})[0]
+    at_n = np.full(len(raw_n) + 1, -1, np.int32)  # each token's position in ids_L; [-1]: none
+    inside = np.flatnonzero(index_L >= 0)
+    at_n[index_L[inside]] = inside
+    source_G = at_n[index_G]
+    source_G[: len(before)] = np.arange(len(before))
+    source_G[len(bag_G) - len(after) :] = np.arange(len(ids_L) - len(after), len(ids_L))
+    return Cut(ids_L, bag_G, index_L, source_G)
 
 
 def _cut(ids_L: np.ndarray, keep: int, tail_len: int) -> np.ndarray:

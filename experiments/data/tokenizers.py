@@ -9,12 +9,16 @@ Ids 0, 1, 2 are PAD, UNK, CLS for every kind; real tokens start at 3.
 Vocabularies keep tokens seen >= min_freq times, most frequent first (ties by code point order),
 cut so that vocab_size <= max_vocab (max_vocab counts the 3 reserved ids; 0 = no cap).
 
+What a tokenizer's kind decides about the ids that are no token of a text (what is put around a
+text, the unknown token's) is the record `Specials` that every tokenizer carries.
+
 Saved as `tokenizer.json` (kind, lowercase, sizes) and `vocab.txt` (line i = token with id i, with
 "\\" and every whitespace or non-printable character written as `\\uXXXXXX`, 6 hex digits).
 """
 
 import collections
 import dataclasses
+import functools
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -36,18 +40,64 @@ _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003fff
 _WORD = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+|[^\w\s]")
 
 
+@dataclasses.dataclass(frozen=True)
+class Specials:
+    """The ids a tokenizer's kind sets apart from a text's own tokens, decided once where the
+    tokenizer is made: its readers ask this record, never the tokenizer's other attributes."""
+
+    # (ids before, ids after) each text: a checkpoint's [CLS] and [SEP]; None: attn's own, which
+    # `encoding.cut` frames with CLS when the model pools it.
+    frame: tuple[tuple[int, ...], tuple[int, ...]] | None
+    unk: int  # a token outside the vocabulary
+
+    @functools.cached_property  # asked once per token read
+    def framing(self) -> frozenset[int]:
+        """PAD and the ids put around a text (CLS, or [CLS] and [SEP]): no token of the text."""
+        before, after = self.frame if self.frame is not None else ((CLS,), ())
+        return frozenset((PAD, *before, *after))
+
+    @functools.cached_property
+    def silent(self) -> frozenset[int]:
+        """The ids that say nothing of a text: the framing ones and the unknown token's."""
+        return self.framing | {self.unk}
+
+
+OWN = Specials(frame=None, unk=UNK)  # attn's byte, char and word tokenizers
+
+
+@dataclasses.dataclass(frozen=True)
+class Pieces:
+    """A whole text's ids from one call of its tokenizer, and the word each id is a piece of:
+    a checkpoint's pieces ("toast" "##er") make one word as the text writes it ("toaster");
+    attn's own tokens are each a word, as the vocabulary writes it."""
+
+    ids: np.ndarray  # int32 [n]: `encode`'s
+    word_n: np.ndarray  # int32 [n]: each id's word in `words`
+    words: tuple[str, ...]
+
+
 class Tokenizer(Protocol):
     kind: str
     lowercase: bool
+    specials: Specials
 
     @property
     def vocab_size(self) -> int: ...
 
     def encode(self, text: str) -> np.ndarray: ...
 
+    def encode_words(self, text: str) -> Pieces:
+        """`encode`'s ids and their words, from the one call of the tokenizer."""
+        ...
+
     def tokens(self, ids: Iterable[int]) -> list[str]: ...
 
     def save(self, directory: str | Path) -> None: ...
+
+
+def _own_pieces(tok: Tokenizer, ids: np.ndarray) -> Pieces:
+    """`Pieces` of attn's own tokenizers: one word per token."""
+    return Pieces(ids, np.arange(len(ids), dtype=np.int32), tuple(tok.tokens(ids.tolist())))
 
 
 def split_words(text: str) -> list[str]:
@@ -64,6 +114,7 @@ class ByteTokenizer:
 
     lowercase: bool = False
     kind: str = dataclasses.field(default="byte", init=False)
+    specials = OWN
 
     @property
     def vocab_size(self) -> int:
@@ -73,6 +124,9 @@ class ByteTokenizer:
         text = text.lower() if self.lowercase else text
         raw = text.encode("utf-8", "surrogatepass")
         return np.frombuffer(raw, np.uint8).astype(np.int32) + len(RESERVED)
+
+    def encode_words(self, text: str) -> Pieces:
+        return _own_pieces(self, self.encode(text))
 
     def tokens(self, ids: Iterable[int]) -> list[str]:
         return [_byte_display(int(i)) for i in ids]
@@ -100,6 +154,7 @@ class VocabTokenizer:
     min_freq: int = 1
     max_vocab: int = 0
     _ids: dict[str, int] = dataclasses.field(init=False, repr=False, compare=False)
+    specials = OWN
 
     def __post_init__(self):
         if self.kind not in _SPLITTERS:
@@ -121,6 +176,9 @@ class VocabTokenizer:
     def encode(self, text: str) -> np.ndarray:
         get = self._ids.get
         return np.array([get(t, UNK) for t in self.split(text)], np.int32)
+
+    def encode_words(self, text: str) -> Pieces:
+        return _own_pieces(self, self.encode(text))
 
     def tokens(self, ids: Iterable[int]) -> list[str]:
         n = len(self.vocab)

@@ -35,10 +35,9 @@ from tqdm import tqdm  # noqa: E402
 
 from attn import importance, models  # noqa: E402
 from experiments import serving, workdirs  # noqa: E402
-from experiments.data import batching, encoding  # noqa: E402
+from experiments.data import batching, datasets  # noqa: E402
 from experiments.data.tokenizers import PAD  # noqa: E402
 from experiments.errors import UserError  # noqa: E402
-from experiments.explain import ranking
 
 FILE, PLOT = "faithfulness.json", "faithfulness.png"
 PERCENTS = (1, 2, 5, 10, 20)
@@ -75,24 +74,23 @@ def faithfulness(workdir: str, split: str = "test", limit: int | None = None) ->
     start = time.perf_counter()
     trained = serving.load(workdir)
     cfg, data = trained.cfg, trained.config.data
-    add_cls = cfg.pooling == "cls"
-    encoded = encoding.load(data, (split,), add_cls=add_cls, tokenizer=trained.tokenizer)
-    if encoded.label_names != trained.label_names:
+    texts, labels, label_names = datasets.load_splits(data, (split,))[split]
+    if label_names != trained.label_names:
         raise UserError(
-            f"labels of the {split} data {list(encoded.label_names)} differ from the checkpoint's "
+            f"labels of the {split} data {list(label_names)} differ from the checkpoint's "
             f"{list(trained.label_names)}"
         )
-    s = encoded.splits[split]
-    chosen = sample(len(s.ids), limit)
-    ids = [s.ids[i] for i in chosen]
-    bags = None if s.bag_ids is None else [s.bag_ids[i] for i in chosen]
-    texts = [s.texts[i] for i in chosen]
-    sources = None if bags is None else [ranking.bag_source(trained, t) for t in texts]
+    chosen = sample(len(texts), limit)
+    # Only the chosen texts are tokenized, each once, for its ids, its bag's and how they line up.
+    cuts = [serving.cut(trained, trained.tokenizer.encode(texts[i])) for i in chosen]
+    ids = [c.ids_L for c in cuts]
+    bags = [c.bag_G for c in cuts] if data.bag_len else None
+    sources = [c.source_G for c in cuts] if data.bag_len else None
     missing = available(cfg)
     methods = tuple(m for m in METHODS if m not in missing)
     framing = serving.framing_ids(trained)
     per_text = explain_all(trained.params, cfg, data, ids, bags, sources, methods, framing)
-    result = summarise(per_text, methods, labels=np.asarray(s.labels)[chosen])
+    result = summarise(per_text, methods, labels=np.asarray(labels)[chosen])
     result.update(
         workdir=workdir,
         split=split,

@@ -11,7 +11,7 @@ import numpy as np
 
 from attn import importance, models
 from experiments import serving
-from experiments.data import batching, encoding
+from experiments.data import batching
 from experiments.data.tokenizers import PAD
 
 REMOVED = 3  # how many top tokens the erasure test removes
@@ -26,21 +26,8 @@ HEADER = (
 
 def bag_source(trained: serving.Trained, text: str) -> np.ndarray | None:
     """int32 [m]: the attention position of each token the bag reads of `text`, -1 for those only
-    the bag reads; None when the bag reads what attention reads. Both cuts are made of the token
-    indices themselves, so they line up exactly."""
-    data, add_cls = trained.config.data, trained.cfg.pooling == "cls"
-    if not data.bag_len:
-        return None
-    frame = encoding.frame_of(trained.tokenizer)
-    # Marks above every framing id ([CLS], [SEP] or CLS), so each marks one token of the text.
-    first = int(serving.framing_ids(trained).max()) + 1
-    marks = np.arange(len(trained.tokenizer.encode(text)), dtype=np.int32) + first
-    seen = encoding.cut(
-        [marks], max_len=data.max_len, add_cls=add_cls, tail_len=data.tail_len, frame=frame
-    )
-    read = encoding.cut([marks], **encoding.bag_window(data, add_cls, frame))[0]
-    where = {int(m): i for i, m in enumerate(seen[0])}  # a framing id is where attention has it
-    return np.array([where.get(int(m), -1) for m in read], np.int32)
+    the bag reads; None when the bag reads what attention reads (`encoding.Cut.source_G`)."""
+    return serving.cut(trained, trained.tokenizer.encode(text)).source_G
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -64,22 +51,24 @@ def _probability_without(params, tokens_1xL, top_BxL, bag, c_1, *, cfg: models.A
 
 
 def explain(trained: serving.Trained, text: str, top: int = 5) -> dict:
+    """`explain_read` of `text`, read here."""
+    return explain_read(trained, serving.read(trained, text), top)
+
+
+def explain_read(trained: serving.Trained, r: serving.Read, top: int = 5) -> dict:
     """{"attention": [[token, weight], ...] (None for a model without attention),
     "leave_one_out": [[token, probability drop], ...], each its `top` tokens; "removed": the
     number of tokens erased (REMOVED, or all of a shorter text's); "probability": the predicted
     class's; "without_attended" (None without attention) and "without_leave_one_out": the
-    probability with that many top tokens erased}."""
+    probability with that many top tokens erased}, of one text read."""
     data = trained.config.data
-    ids_L = serving.encode(trained, text)
-    bag_G = serving.encode_bag(trained, text)
-    tokens = trained.tokenizer.tokens(ids_L.tolist())
+    tokens = r.tokens_L
     # Padded to the batches' lengths, which changes no score: one compile per bucket, not per text.
-    tokens_1xL = _padded(ids_L, batching.bucket_sizes(data.buckets, data.max_len), PAD)
+    tokens_1xL = _padded(r.ids_L, batching.bucket_sizes(data.buckets, data.max_len), PAD)
     bag = None
-    if bag_G is not None:
+    if r.bag_G is not None:
         sizes = batching.bag_sizes(data.buckets, data.max_len, data.bag_len)
-        source_G = bag_source(trained, text)
-        bag = importance.Bag(_padded(bag_G, sizes, PAD), _padded(source_G, sizes, -1))
+        bag = importance.Bag(_padded(r.bag_G, sizes, PAD), _padded(r.source_G, sizes, -1))
     c_1, p_1, attention, loo = _scores(trained.params, tokens_1xL, bag, cfg=trained.cfg)
     candidates_1xL = ~jnp.isin(tokens_1xL, serving.framing_ids(trained))
     removed = min(REMOVED, int(candidates_1xL.sum()))

@@ -1,7 +1,8 @@
 """A trained run, served: its config, tokenizer, model config and the weights to serve (loaded
 from a workdir for evaluate, predict, visualize and faithfulness, or from a transformers sequence
-classifier with no workdir, `load_pretrained`), a user text encoded as training encoded texts, and
-what the model reads of it.
+classifier with no workdir, `load_pretrained`), and a user text as the model reads it (`read`,
+from one call of the tokenizer): its ids encoded as training encoded texts, what its bag reads,
+its words and what the answer rests on.
 """
 
 import dataclasses
@@ -14,7 +15,6 @@ import numpy as np
 from attn import encoder_classifier, encoders, models
 from configs import finetune
 from experiments.data import checkpoint_tokenizer, encoding, scripts, tokenizers
-from experiments.data.tokenizers import CLS
 from experiments.errors import UserError
 from experiments.training import checkpoints, workdir_reader
 
@@ -22,7 +22,7 @@ from experiments.training import checkpoints, workdir_reader
 @dataclasses.dataclass(frozen=True)
 class Trained:
     config: ml_collections.ConfigDict
-    cfg: models.AnyConfig  # attn.classifier's or attn.encoder_classifier's, as meta["family"] says
+    cfg: models.AnyConfig  # attn.classifier's or attn.encoder_classifier's: `models.family` says
     params: Any  # the weight average when the run kept one
     tokenizer: tokenizers.Tokenizer
     label_names: tuple[str, ...]
@@ -80,9 +80,7 @@ def load_pretrained(path: str) -> Trained:
 def framing_ids(trained: Trained) -> np.ndarray:
     """int32: the ids that are no token of a text, which no ranking picks and no erasure removes:
     PAD and the tokens put around a text (CLS, or a checkpoint's [CLS] and [SEP])."""
-    frame = encoding.frame_of(trained.tokenizer)
-    around = [CLS] if frame is None else [*frame[0], *frame[1]]
-    return np.array(sorted({tokenizers.PAD, *around}), np.int32)
+    return np.array(sorted(trained.tokenizer.specials.framing), np.int32)
 
 
 def _describe(held: workdir_reader.Workdir) -> str:
@@ -100,24 +98,26 @@ def _describe(held: workdir_reader.Workdir) -> str:
     return what
 
 
-def encode(trained: Trained, text: str) -> np.ndarray:
-    """Token ids of one user text as the model saw texts in training (truncation, CLS)."""
-    return encoding.encode(
-        trained.tokenizer,
-        [encoding.check_text(text)],
+def cut(trained: Trained, raw_n: np.ndarray) -> encoding.Cut:
+    """What the model reads of a whole text's ids [n] (its tokenizer's `encode`), cut as
+    training cut texts (truncation, CLS or [CLS] ... [SEP], the bag's longer window)."""
+    return encoding.cut_text(
+        raw_n,
+        trained.config.data,
         max_len=trained.cfg.max_len,
         add_cls=trained.cfg.pooling == "cls",
-        tail_len=trained.config.data.tail_len,
-    )[0]
+        frame=trained.tokenizer.specials.frame,
+    )
+
+
+def encode(trained: Trained, text: str) -> np.ndarray:
+    """Token ids of one user text as the model saw texts in training (truncation, CLS)."""
+    return cut(trained, trained.tokenizer.encode(encoding.check_text(text))).ids_L
 
 
 def encode_bag(trained: Trained, text: str) -> np.ndarray | None:
     """What the model's bag reads of one user text, when it reads more than `encode` gives."""
-    tok = trained.tokenizer
-    raw = [tok.encode(encoding.check_text(text))]
-    add_cls = trained.cfg.pooling == "cls"
-    bags = encoding.bag_cut(raw, trained.config.data, add_cls, encoding.frame_of(tok))
-    return None if bags is None else bags[0]
+    return cut(trained, trained.tokenizer.encode(encoding.check_text(text))).bag_G
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,40 +126,6 @@ class Words:
 
     of_L: np.ndarray  # int32 [L]: each position's word in `texts`; -1: framing, PAD, UNK, blank
     texts: list[str]  # each word as the text writes it
-
-
-def words(trained: Trained, text: str, ids_L: np.ndarray) -> Words:
-    """The words of `ids_L` (`encode(trained, text)`): a pretrained tokenizer's word pieces
-    ("toast" "##er") make one word ("toaster"), as the text writes it; attn's own tokens (a
-    character, a word) are each their own. Tokens that are no part of the text or say nothing of
-    it (framing, PAD, unknown, whitespace) belong to none."""
-    tok = trained.tokenizer
-    raw = tok.encode(encoding.check_text(text))
-    # Where each position's token sits in the whole text: marks above every framing id, cut as
-    # the ids were, as `ranking.bag_source` lines up the bag.
-    first = int(framing_ids(trained).max()) + 1
-    seen = encoding.cut(
-        [np.arange(len(raw), dtype=np.int32) + first],
-        max_len=trained.cfg.max_len,
-        add_cls=trained.cfg.pooling == "cls",
-        tail_len=trained.config.data.tail_len,
-        frame=encoding.frame_of(tok),
-    )[0]
-    pieces = tok.words(text) if hasattr(tok, "words") else None
-    shown = tok.tokens(ids_L.tolist())
-    unknown = {getattr(tok, "unk_id", tokenizers.UNK), *framing_ids(trained).tolist()}
-    index: dict[int, int] = {}
-    texts: list[str] = []
-    of_L = np.full(len(ids_L), -1, np.int32)
-    for p, (mark, i) in enumerate(zip(seen, ids_L, strict=True)):
-        if mark < first or int(i) in unknown or not shown[p].strip():
-            continue
-        key, word = pieces[mark - first] if pieces else (int(mark), shown[p])
-        if key not in index:
-            index[key] = len(texts)
-            texts.append(word)
-        of_L[p] = index[key]
-    return Words(of_L, texts)
 
 
 NO_KNOWN_TOKENS = (
@@ -177,24 +143,77 @@ class Reading:
     cut: bool = False  # the text is longer than the model reads
 
 
+@dataclasses.dataclass(frozen=True)
+class Read:
+    """One text as the model reads it, from one call of its tokenizer: all that predict (with
+    --explain) and visualize take from a text."""
+
+    ids_L: np.ndarray  # int32 [L]: what attention reads (`encode`)
+    bag_G: np.ndarray | None  # int32 [G]: what the bag reads, when more (`encode_bag`)
+    source_G: np.ndarray | None  # int32 [G]: each bag token's place in ids_L (`encoding.Cut`)
+    tokens_L: list[str]  # each id as the tokenizer writes it
+    words: Words
+    reading: Reading
+
+
+def read(trained: Trained, text: str) -> Read:
+    """`text` read once: its ids, what its bag reads, its words and what the answer rests on."""
+    pieces = trained.tokenizer.encode_words(encoding.check_text(text))
+    c = cut(trained, pieces.ids)
+    tokens_L = trained.tokenizer.tokens(c.ids_L.tolist())
+    summary = _summary(trained, text, c.ids_L, whole=len(pieces.ids))
+    return Read(
+        c.ids_L, c.bag_G, c.source_G, tokens_L, _words(trained, c, pieces, tokens_L), summary
+    )
+
+
+def _words(
+    trained: Trained, c: encoding.Cut, pieces: tokenizers.Pieces, tokens_L: list[str]
+) -> Words:
+    """The words of what `c` reads: a pretrained tokenizer's word pieces ("toast" "##er") make
+    one word ("toaster"), as the text writes it; attn's own tokens (a character, a word) are each
+    their own. Tokens that are no part of the text or say nothing of it (framing, PAD, unknown,
+    whitespace) belong to none."""
+    silent = trained.tokenizer.specials.silent
+    index: dict[int, int] = {}
+    texts: list[str] = []
+    of_L = np.full(len(c.ids_L), -1, np.int32)
+    for p, (i, id_, shown) in enumerate(zip(c.index_L, c.ids_L, tokens_L, strict=True)):
+        if i < 0 or int(id_) in silent or not shown.strip():
+            continue
+        w = int(pieces.word_n[i])
+        if w not in index:
+            index[w] = len(texts)
+            texts.append(pieces.words[w])
+        of_L[p] = index[w]
+    return Words(of_L, texts)
+
+
+def reading(trained: Trained, text: str, ids_L: np.ndarray) -> Reading:
+    """What the answer to `text` rests on, `ids_L` being `encode(trained, text)` (`read` gives
+    it with the rest, from its one call of the tokenizer)."""
+    whole = len(trained.tokenizer.encode(encoding.check_text(text)))
+    return _summary(trained, text, ids_L, whole)
+
+
 def known_tokens(trained: Trained, ids_L: np.ndarray) -> int:
     """How many of the ids [L] are tokens of the text that the vocabulary knows: PAD, UNK and
-    CLS say nothing about the text, and neither do spaces between unknown words."""
+    the ids put around the text say nothing about it, and neither do spaces between unknown
+    words."""
     tok = trained.tokenizer
-    special = getattr(tok, "special_ids", frozenset((tokenizers.PAD, tokenizers.UNK, CLS)))
     return sum(
-        int(i) not in special and int(i) > tokenizers.PAD and bool(t.strip())
+        int(i) not in tok.specials.silent and bool(t.strip())
         for i, t in zip(ids_L, tok.tokens(ids_L.tolist()), strict=True)
     )
 
 
-def reading(trained: Trained, text: str, ids_L: np.ndarray) -> Reading:
-    """`ids_L` is `encode(trained, text)`. A note says what was read of a text cut to max_len,
-    and that most (or all) of what was read is outside the vocabulary: an answer resting on
-    few tokens, or on none."""
-    tok = trained.tokenizer
+def _summary(trained: Trained, text: str, ids_L: np.ndarray, whole: int) -> Reading:
+    """A note says what was read of a text of `whole` tokens cut to max_len, and that most (or
+    all) of what was read is outside the vocabulary: an answer resting on few tokens, or on
+    none."""
+    specials = trained.tokenizer.specials
     known = known_tokens(trained, ids_L)
-    unknown = int(np.sum(ids_L == getattr(tok, "unk_id", tokenizers.UNK)))
+    unknown = int(np.sum(ids_L == specials.unk))
     notes = []
     if not known:
         notes.append(NO_KNOWN_TOKENS)
@@ -205,30 +224,26 @@ def reading(trained: Trained, text: str, ids_L: np.ndarray) -> Reading:
         )
     elif trained.scripts:
         notes.extend(scripts.foreign_note(trained.scripts, text))
-    whole = len(trained.tokenizer.encode(encoding.check_text(text)))
-    frame = encoding.frame_of(tok)
     add_cls = trained.cfg.pooling == "cls"
-    specials = _specials(trained)
+    framing = _framing(trained)
     data = trained.config.data
-    keep = trained.cfg.max_len - specials
+    keep = trained.cfg.max_len - framing
     if whole > keep:
         only = "only " if 2 * keep < whole else ""  # most of the text unread: said loudly
         note = f"read {only}{_part_read(keep, data.tail_len)} of {whole} tokens"
-        if (
-            getattr(trained.cfg, "bag_buckets", 0) and data.bag_len
-        ):  # the bag reads more than attention does
-            bag = encoding.bag_window(data, add_cls, frame)
-            bag_keep = bag["max_len"] - specials
+        if trained.cfg.bag_buckets and data.bag_len:  # the bag reads more than attention does
+            bag = encoding.bag_window(data, add_cls, specials.frame)
+            bag_keep = bag["max_len"] - framing
             bag_read = "all" if whole <= bag_keep else _part_read(bag_keep, bag["tail_len"])
             note += f" (its bag: {bag_read})"
         notes.append(note)
     return Reading(whole, known, notes, cut=whole > keep)
 
 
-def _specials(trained: Trained) -> int:
+def _framing(trained: Trained) -> int:
     """How many of the tokens the model reads are put around the text: CLS, or [CLS] [SEP]."""
-    frame = encoding.frame_of(trained.tokenizer)
-    return int(trained.cfg.pooling == "cls") if frame is None else sum(map(len, frame))
+    around = encoding.around(trained.tokenizer.specials.frame, trained.cfg.pooling == "cls")
+    return sum(map(len, around))
 
 
 def longest_input(cfg: models.AnyConfig) -> int | None:
@@ -251,7 +266,7 @@ def reading_up_to(trained: Trained, max_len: int) -> Trained:
             else "its encoder's positions end there"
         )
         raise UserError(f"--max_len={max_len}: the model reads at most {limit} tokens ({why})")
-    least = _specials(trained) + trained.config.data.tail_len + 1
+    least = _framing(trained) + trained.config.data.tail_len + 1
     if max_len < least:
         raise UserError(
             f"--max_len={max_len}: the model needs at least {least} (its special tokens, the "
@@ -267,7 +282,7 @@ def read_more(trained: Trained, whole: int) -> str:
     """For a text of `whole` tokens that the model reads in part: how to read more of it
     (predict --max_len), or why the model cannot."""
     limit = longest_input(trained.cfg)
-    needed = whole + _specials(trained)
+    needed = whole + _framing(trained)
     if limit is not None and limit <= trained.cfg.max_len:
         table = "learned" if models.family(trained.cfg) == models.OWN else "encoder's"
         return f"the model reads no more: its {table} positions end at {limit}"
