@@ -429,12 +429,32 @@ def audit_table(sec: dict) -> str:
         "unflagged / test estimate |",
         "| --- | --- | --- |",
     ]
+    flagged = sec["test_flagged"] / sec["num_test"]
+    weights = {"flagged": flagged, "unflagged": 1.0 - flagged}
+    read = {  # texts each accuracy is over: all read, or those that state a sentiment
+        "label": {"flagged": sec["audited"]["1"], "unflagged": sec["audited"]["0"]},
+        "audited": {
+            "flagged": sec["audited"]["1"] - sec["unclear"]["1"],
+            "unflagged": sec["audited"]["0"] - sec["unclear"]["0"],
+        },
+    }
     for name, m in sec["models"].items():
-        cells = [
-            " / ".join(f"{m[k][part]:.1%}" for part in ("flagged", "unflagged", "test_estimate"))
-            for k in ("label", "audited")
-        ]
+        cells = []
+        for k in ("label", "audited"):
+            se = math.sqrt(
+                sum(w**2 * _stderr(m[k][s], read[k][s]) ** 2 for s, w in weights.items())
+            )
+            cells.append(
+                f"{m[k]['flagged']:.1%} / {m[k]['unflagged']:.1%} / "
+                f"{m[k]['test_estimate']:.1%} ± {se:.1%}"
+            )
         lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
+    lines += [
+        "",
+        f"± is one standard error of the test estimate: the {sec['audited']['0']} unflagged texts "
+        f"stand for {weights['unflagged']:.0%} of the test split, so models closer than about "
+        "two standard errors are not told apart by this sample.",
+    ]
     return "\n".join(lines)
 
 
