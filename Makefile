@@ -1,5 +1,7 @@
 # Two entry points on a fresh machine: `make train` and `make test`.
-# Each creates .venv if it is missing; nothing else needs installing by hand.
+# Each creates .venv if it is missing; nothing else needs installing by hand. `make test` leaves
+# out the tests marked slow (SIGKILL-and-resume, Ctrl-C, 8 devices, two processes, the notebook,
+# the device benchmark's smoke run); `make test-slow` runs exactly those, and CI runs both.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -7,7 +9,7 @@ STAMP := $(VENV)/.installed
 WORKDIR ?= runs/default
 CONFIG ?= configs/default.py
 
-.PHONY: train test lint benchmark clean
+.PHONY: train test test-slow lint benchmark clean
 
 # Python 3.11+: jax 0.10.2 and numpy 2.4.6 have no wheels for older versions. A venv without the
 # stamp is a failed or interrupted install: it is removed rather than reused.
@@ -28,7 +30,10 @@ train: $(STAMP)
 	$(BIN)/python -m experiments.train --config=$(CONFIG) --workdir=$(WORKDIR)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 tests
+	$(BIN)/python -m pytest -n 2 -m "not slow" tests
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -m slow tests
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check . && $(BIN)/ruff check .

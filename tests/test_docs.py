@@ -1,12 +1,15 @@
 """README.md and docs/*.md stay true: their result numbers are what results.json renders, their
-python blocks run, their commands name modules, flags and config fields that exist, and their
-links resolve. A block that must not run here is preceded by `<!-- docs-test: skip (why) -->`."""
+python blocks run, their commands name modules, flags and config fields that exist (and `make test`
+and `make test-slow`, both in .ci/run, split the suite between them), and their links resolve. A
+block that must not run here is preceded by `<!-- docs-test: skip (why) -->`."""
 
 import ast
 import importlib
+import itertools
 import json
 import re
 import shlex
+import tomllib
 
 import pytest
 from absl import flags
@@ -170,6 +173,37 @@ def test_commands_name_what_exists():
             assert known, f"{where}: --{name} is not a flag of {program}"
         if any(a.startswith("--config.") for a in args):
             _check_config_fields(args)
+
+
+def _marker_expression(command: str) -> str:
+    """The `-m` expression of a pytest command line ("True" when it selects by no marker)."""
+    words = shlex.split(command)
+    words = words[words.index("pytest") + 1 :]
+    return words[words.index("-m") + 1] if "-m" in words else "True"
+
+
+def test_make_test_and_make_test_slow_split_the_suite_and_ci_runs_both():
+    """As install.md says: whatever a test's markers, exactly one of `make test` and
+    `make test-slow` runs it, and .ci/run runs both on the pinned stack; its Colab step leaves out
+    the slow tests but the notebook's."""
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    fast, slow = (
+        _marker_expression(re.search(rf"^{target}:.*\n\t(.*)", makefile, flags=re.M).group(1))
+        for target in ("test", "test-slow")
+    )
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    colab = _marker_expression(next(line for line in ci.splitlines() if " pytest " in line))
+    markers = [
+        m.split(":")[0]
+        for m in tomllib.loads(_read("pyproject.toml"))["tool"]["pytest"]["ini_options"]["markers"]
+    ]
+    assert {"slow", "notebook"} <= set(markers)
+    for values in itertools.product([False, True], repeat=len(markers)):
+        marked = dict(zip(markers, values, strict=True))
+        runs = [eval(e, {"__builtins__": {}}, marked) for e in (fast, slow, colab)]
+        assert runs[0] != runs[1], f"{marked}: make test {runs[0]}, make test-slow {runs[1]}"
+        assert runs[2] == (not marked["slow"] or marked["notebook"]), marked
+    assert {"make test", "make test-slow"} <= set(ci.splitlines())
 
 
 def test_shell_words_parse():
