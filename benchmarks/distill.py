@@ -257,7 +257,7 @@ def _forward_batch(trained: serving.Trained, texts: list[str]) -> tuple[dict, ob
     and the params there: what one served forward reads."""
     tok, data, add_cls = trained.tokenizer, trained.config.data, trained.cfg.pooling == "cls"
     raw = [tok.encode(t) for t in texts]
-    frame = encoding.frame_of(tok)
+    frame = tok.specials.frame
     ids = encoding.cut(
         raw, max_len=trained.cfg.max_len, add_cls=add_cls, tail_len=data.tail_len, frame=frame
     )

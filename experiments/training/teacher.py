@@ -141,7 +141,7 @@ def _order(named: str, teacher: tuple[str, ...], data: tuple[str, ...]) -> np.nd
 
 def unknown_share(tok: tokenizers.Tokenizer, texts: Sequence[str]) -> float:
     """The share of the tokens of `texts` that `tok` reads as unknown (0 with no tokens)."""
-    unk = getattr(tok, "unk_id", tokenizers.UNK)
+    unk = tok.specials.unk
     ids = [tok.encode(t) for t in texts]
     total = sum(len(x) for x in ids)
     return sum(int(np.sum(x == unk)) for x in ids) / max(total, 1)
@@ -161,9 +161,9 @@ def _mask_text(tok: tokenizers.Tokenizer) -> str:
     """How the teacher's tokenizer is given a masked unit: its mask token where it reads one as a
     single token, else the unknown token's text, else MASK itself (a vocabulary of its own
     reads it as unknown)."""
-    if encoding.frame_of(tok) is None:  # attn's own tokenizer
+    if tok.specials.frame is None:  # attn's own tokenizer
         return MASK
-    unknown = tok.tokens([tok.unk_id])
+    unknown = tok.tokens([tok.specials.unk])
     for text in (*_MASKS, *unknown):
         if len(tok.encode(text)) == 1:
             return text
@@ -204,7 +204,7 @@ def logits(teacher: Teacher, texts: Sequence[str]) -> np.ndarray:
     t = teacher.trained
     tok, data, add_cls = t.tokenizer, t.config.data, t.cfg.pooling == "cls"
     raw = [tok.encode(text.replace(MASK, teacher.mask)) for text in texts]
-    frame = encoding.frame_of(tok)
+    frame = tok.specials.frame
     ids = encoding.cut(
         raw, max_len=t.cfg.max_len, add_cls=add_cls, tail_len=data.tail_len, frame=frame
     )
