@@ -98,7 +98,7 @@ def test_unknown_section_is_user_error(capsys):
     assert cli.run(bench_main.define_flags, bench_main.main, ["benchmarks", "speed"]) == 2
     err = capsys.readouterr().err
     names = "attention, train, accuracy, imdb, lra, multihost, bert, finetune, chinese, audit, "
-    names += "peers, families"
+    names += "distill, peers, families"
     names += ", all, device"
     assert f"{names}; got ['speed']" in err
 

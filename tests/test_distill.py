@@ -74,7 +74,14 @@ def _student_flags(csv: str, teacher_dir: str, workdir: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def csv(tmp_path_factory) -> str:
-    return _write_csv(tmp_path_factory.mktemp("distill_data") / "reviews.csv")
+    """The labelled file, one for every xdist worker: the teacher, built once, names its path,
+    and a student refuses a teacher trained on another file."""
+
+    def write(path: str) -> None:
+        os.makedirs(path)
+        _write_csv(Path(path) / "reviews.csv")
+
+    return os.path.join(_built_once(tmp_path_factory, "distill_data", write), "reviews.csv")
 
 
 @pytest.fixture(scope="module")
