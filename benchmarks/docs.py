@@ -119,12 +119,10 @@ def _chinese_rows(r: dict) -> list[str]:
     if found is None:
         return []
     name, row, accs = found
-    seeds = ", ".join(sorted(chinese.seeds_of(r["chinese"], row), key=int))
-    which = "" if len(accs) == 3 else f" (seed{'s' if len(accs) > 1 else ''} {seeds})"
     return [
         f"| | {name} fine-tuned (`configs/finetune.py`, learning rate "
-        f"{row.removeprefix('finetuned_lr')}) | {_seed_list(accs)}{which} | "
-        f"{_mean_std(accs) if len(accs) > 1 else ''} |"
+        f"{row.removeprefix('finetuned_lr')}) | "
+        f"{_headline_cells(accs, chinese.seeds_of(r['chinese'], row))} |"
     ]
 
 
@@ -150,11 +148,18 @@ def _distilled_rows(r: dict, key: str, config: str) -> list[str]:
     if found is None:
         return []
     part, row, accs = found
-    seeds = ", ".join(sorted(part["runs"][row]["seeds"], key=int))
     return [
-        f"| | distilled from {_teacher_name(part)} fine-tuned ({config}) | {_seed_list(accs)}"
-        f"{'' if len(accs) == 3 else f' (seeds {seeds})'} | {_mean_std(accs)} |"
+        f"| | distilled from {_teacher_name(part)} fine-tuned ({config}) | "
+        f"{_headline_cells(accs, part['runs'][row]['seeds'])} |"
     ]
+
+
+def _headline_cells(accs: list[float], seeds: dict) -> str:
+    """A headline row's two last cells: each seed's accuracy (naming the seeds unless they are
+    0, 1 and 2) and their mean ± std (empty for one seed)."""
+    keys = sorted(seeds, key=int)
+    which = "" if keys == ["0", "1", "2"] else f" (seed{'s' * (len(keys) > 1)} {', '.join(keys)})"
+    return f"{_seed_list(accs)}{which} | {_mean_std(accs) if len(accs) > 1 else ''}"
 
 
 def verdict(r: dict) -> str:
@@ -177,9 +182,10 @@ def verdict(r: dict) -> str:
     taught = ""
     if found:
         part, _, accs = found
+        gap = float(np.mean(accs)) - b["test_accuracy"]
         taught = (
-            f" Distilled from {_teacher_name(part)} fine-tuned (`configs/distill.py`), it "
-            f"{_compare(accs, b)}"
+            f" Distilled from it (`configs/distill.py`), attn's own model is {_points(gap)} points "
+            f"{'above' if gap > 0 else 'below'} the better TF-IDF"
             + (" (every seed above)" if min(accs) > b["test_accuracy"] else "")
             + "."
         )
