@@ -16,7 +16,6 @@ sees such a constant.
 
 import jax
 import jax.numpy as jnp
-import optax
 
 __all__ = ["LOSSES", "logit_mse", "mixed", "soft_cross_entropy"]
 
@@ -29,7 +28,8 @@ def soft_cross_entropy(
     """[B]: T^2 * -sum_c softmax(teacher / T)_c * log softmax(student / T)_c."""
     t = jnp.float32(temperature)
     target_BxC = jax.nn.softmax(teacher_BxC.astype(jnp.float32) / t)
-    return t * t * optax.softmax_cross_entropy(student_BxC.astype(jnp.float32) / t, target_BxC)
+    logp_BxC = jax.nn.log_softmax(student_BxC.astype(jnp.float32) / t)
+    return -t * t * jnp.sum(target_BxC * logp_BxC, axis=-1)
 
 
 def logit_mse(student_BxC: jax.Array, teacher_BxC: jax.Array) -> jax.Array:
@@ -60,8 +60,8 @@ def mixed(
         taught_B = soft_cross_entropy(student_BxC, teacher_BxC, temperature)
     else:
         taught_B = logit_mse(student_BxC, teacher_BxC)
-    hard_B = optax.softmax_cross_entropy_with_integer_labels(
-        student_BxC.astype(jnp.float32), label_B
-    )
+    # attn needs only jax and numpy, so the cross-entropy is written out rather than optax's
+    logp_BxC = jax.nn.log_softmax(student_BxC.astype(jnp.float32))
+    hard_B = -jnp.take_along_axis(logp_BxC, label_B[:, None].astype(jnp.int32), axis=-1)[:, 0]
     both_B = (1.0 - weight) * hard_B + weight * taught_B
     return jnp.where(labelled_B.astype(bool), both_B, taught_B)
