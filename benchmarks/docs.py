@@ -418,7 +418,7 @@ def label_noise(r: dict) -> str:
         f"Read by hand, about {_pct(wrong)}% of the test split's labels are wrong and "
         f"{_pct(unclear)}% of its texts state no sentiment, or both "
         f"([results.md](results.md#how-noisy-the-embedded-labels-are)): every accuracy on this "
-        "data counts those as errors of the model, whichever label it gives."
+        "data counts a right answer on a wrongly labelled text as an error."
     )
 
 
