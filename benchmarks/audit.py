@@ -176,7 +176,7 @@ def models_from(workdirs: str, quick: bool, chinese: dict | None) -> dict[str, s
     return out
 
 
-def test_shares(sec: dict) -> tuple[float, float]:
+def noise_shares(sec: dict) -> tuple[float, float]:
     """(labels wrong, texts that state no sentiment or both) as shares of the whole test split:
     each stratum's rates among the texts read by hand, weighted by the stratum's size."""
     flagged = sec["test_flagged"] / sec["num_test"]

@@ -191,7 +191,7 @@ def verdict(r: dict) -> str:
         )
     noise = ""
     if "audit" in r:
-        wrong, unclear = audit.test_shares(r["audit"])
+        wrong, unclear = audit.noise_shares(r["audit"])
         noise = (
             f" Read by hand, {_pct(wrong)}% of the embedded test labels are wrong and "
             f"{_pct(unclear)}% of its texts unclear."
@@ -413,7 +413,7 @@ def label_noise(r: dict) -> str:
     """What the audit says the embedded labels are worth, in one sentence."""
     if "audit" not in r:
         return "How many of these labels are wrong is not measured yet."
-    wrong, unclear = audit.test_shares(r["audit"])
+    wrong, unclear = audit.noise_shares(r["audit"])
     return (
         f"Read by hand, about {_pct(wrong)}% of the test split's labels are wrong and "
         f"{_pct(unclear)}% of its texts state no sentiment, or both "

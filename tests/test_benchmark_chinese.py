@@ -99,7 +99,7 @@ def test_the_label_noise_is_weighted_to_the_test_split_and_said_in_the_verdict()
         "unclear": {"1": 20, "0": 10},
         "given_wrong": {"1": 0.5, "0": 0.1},
     }
-    wrong, unclear = audit.test_shares(sec)
+    wrong, unclear = audit.noise_shares(sec)
     # flagged: 10% of test, 40% wrong (half of the 80% clear); unflagged: 90%, 9% wrong
     assert wrong == pytest.approx(0.1 * 0.4 + 0.9 * 0.09)
     assert unclear == pytest.approx(0.1 * 0.2 + 0.9 * 0.1)
