@@ -17,3 +17,15 @@ CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def config_file(spec: str) -> ml_collections.ConfigDict:
     """configs/<spec> (e.g. "default.py:tiny"), read at run time."""
     return cli.load_config_file(os.path.join(CONFIGS, spec))
+
+
+def as_row(config: ml_collections.ConfigDict, overrides: dict, quick: bool) -> None:
+    """What every accuracy section does to a row's config, in place (unlocked by the caller):
+    no baseline of its own (the section's tfidf row is the baseline, fitted once), the row's
+    overrides ("section.field" -> value), and 4 steps with --quick."""
+    config.train.baseline = False
+    for name, value in overrides.items():
+        section, field = name.split(".")
+        config[section][field] = value
+    if quick:
+        config.train.max_steps = 4

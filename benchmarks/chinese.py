@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from benchmarks import config_file, timing
+from benchmarks import as_row, config_file, timing
 from benchmarks.accuracy import tfidf_baseline, train_variant
 from experiments import fields
 from experiments.errors import UserError
@@ -59,12 +59,7 @@ def row_config(row: str, quick: bool, pretrained: str):
         config.data.dataset = DATASET
         config.data.path = ""
         config.model.pretrained = pretrained
-        config.train.baseline = False  # the tfidf row is the baseline, fitted once
-        for name, value in (ROWS[row] or {}).items():
-            section, field = name.split(".")
-            config[section][field] = value
-        if quick:
-            config.train.max_steps = 4
+        as_row(config, ROWS[row] or {}, quick)
     return config
 
 

@@ -43,7 +43,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from benchmarks import config_file, timing
+from benchmarks import as_row, config_file, timing
 from benchmarks.accuracy import tfidf_baseline, train_variant
 from experiments import fields, parallel, serving
 from experiments.data import batching, datasets, encoding
@@ -116,13 +116,8 @@ def row_config(row: str, quick: bool, data_path: str, teacher_dir: str, unlabele
     with config.unlocked():
         if data_path:
             config.data.dataset, config.data.path = "file", data_path
-        config.train.baseline = False  # the tfidf row is the baseline, fitted once
         config.distill.teacher = teacher_dir
-        for name, value in overrides(row, unlabeled).items():
-            section, field = name.split(".")
-            config[section][field] = value
-        if quick:
-            config.train.max_steps = 4
+        as_row(config, overrides(row, unlabeled), quick)
     return config
 
 

@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from benchmarks import config_file, timing
+from benchmarks import as_row, config_file, timing
 from benchmarks.accuracy import tfidf_baseline, train_variant
 from experiments import fields
 from experiments.errors import UserError
@@ -110,17 +110,12 @@ def row_config(row: str, quick: bool, data_path: str, bert_dir: str):
     with config.unlocked():
         config.data.dataset = "file"
         config.data.path = data_path
-        config.train.baseline = False  # the tfidf row is the baseline, fitted once
         if file.startswith("finetune.py"):
             config.model.pretrained = bert_dir
-        for name, value in overrides.items():
-            section, field = name.split(".")
-            config[section][field] = value
-        if quick:
-            config.train.max_steps = 4
-            if row.startswith("finetuned_bag"):
-                config.model.bag_buckets = 1 << 10
-                config.optim.bag_init = "naive_bayes"
+        as_row(config, overrides, quick)
+        if quick and row.startswith("finetuned_bag"):
+            config.model.bag_buckets = 1 << 10
+            config.optim.bag_init = "naive_bayes"
     return config
 
 
