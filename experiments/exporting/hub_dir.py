@@ -15,6 +15,7 @@ The directory is written beside `out` under a temporary name and renamed into pl
 so a failed export leaves nothing at `out`.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -22,7 +23,7 @@ import pathlib
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -147,9 +148,7 @@ def write(
         raise UserError(f"cannot export: {e}") from None
     from safetensors.numpy import save_file
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with put_in_place(out) as tmp:
         save_file(
             {k: np.ascontiguousarray(v) for k, v in tensors.items()},
             str(tmp / "model.safetensors"),
@@ -163,6 +162,18 @@ def write(
         (tmp / "README.md").write_text(card, encoding="utf-8")
         if then is not None:
             then(tmp)
+    return out
+
+
+@contextlib.contextmanager
+def put_in_place(out: pathlib.Path) -> Iterator[pathlib.Path]:
+    """A new directory beside `out` to write into; when the block ends, it becomes `out` (absent
+    or empty: `check_out`) with plain permissions, or, when the block raises, it is removed: an
+    export is there whole or not at all."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        yield tmp
         plain_permissions(tmp)
         if out.exists():
             out.rmdir()  # empty: checked above
@@ -170,7 +181,6 @@ def write(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out
 
 
 def plain_permissions(directory: pathlib.Path) -> None:

@@ -23,7 +23,6 @@ import dataclasses
 import json
 import pathlib
 import shutil
-import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -111,22 +110,13 @@ def write(held: workdir_reader.Workdir, out: pathlib.Path, card: str) -> pathlib
         buckets=[int(b) for b in d.buckets],
         batch_size=int(d.eval_batch_size),
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with hub_dir.put_in_place(out) as tmp:
         (tmp / MODEL).write_bytes(exported(params, cfg, spec.bag_len))
         np.savez(tmp / WEIGHTS, **_flat(jax.device_get(params)))
         tok.save(tmp)
         (tmp / SPEC).write_text(json.dumps(dataclasses.asdict(spec), indent=1) + "\n", "utf-8")
         shutil.copyfile(_LOADER_SOURCE, tmp / LOADER)
         (tmp / "README.md").write_text(card, encoding="utf-8")
-        hub_dir.plain_permissions(tmp)
-        if out.exists():
-            out.rmdir()  # empty: checked above
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
