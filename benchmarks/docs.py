@@ -169,9 +169,9 @@ def verdict(r: dict) -> str:
     on, off, imdb = _seeds(acc["seeds"]), _seeds(acc["no_attention"]), _seeds(im["seeds"])
     margin = float(np.mean(on) - np.mean(off))
     above = [a - ib["test_accuracy"] for a in imdb]
-    tuned = ""
-    if _chinese_finetuned(r):
-        name, _, accs = _chinese_finetuned(r)
+    tuned, chinese_run = "", _chinese_finetuned(r)
+    if chinese_run:
+        name, _, accs = chinese_run
         own = r["chinese"]["runs"]["tfidf"]["test_accuracy"]
         gap = float(np.mean(accs)) - own
         tuned = (
