@@ -1,7 +1,9 @@
 # Two entry points on a fresh machine: `make train` and `make test`.
 # Each creates .venv if it is missing; nothing else needs installing by hand. `make test` leaves
-# out the tests marked slow (SIGKILL-and-resume, Ctrl-C, 8 devices, two processes, the notebook,
-# the device benchmark's smoke run); `make test-slow` runs exactly those, and CI runs both.
+# out the tests marked slow (SIGKILL-and-resume, Ctrl-C, each family's Ctrl-C-and-resume,
+# 8 devices, two processes, a second process's compile cache, an xdist worker's teardown, the
+# notebook, the device benchmark's smoke run); `make test-slow` runs exactly those, and CI runs
+# both.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin

@@ -423,6 +423,7 @@ def test_a_run_refused_before_writing_leaves_no_workdir(tmp_path, tfds_dir, caps
     assert mine.is_dir()  # the user's own folder stays, even empty
 
 
+@pytest.mark.slow
 def test_a_slow_xdist_worker_teardown_ends_without_a_traceback(tmp_path):
     """`make test` runs pytest-xdist, whose workers get SIGINT when they have not exited 5 s after
     the run. A teardown that spends that long in gc (and so in jax's gc callback) must still end
@@ -460,6 +461,7 @@ def test_a_slow_xdist_worker_teardown_ends_without_a_traceback(tmp_path):
     assert "KeyboardInterrupt" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_a_second_process_compiles_nothing_new(trained, tfds_dir, tmp_path):
     """The commands keep compiled programs in the user's cache directory: a second train and
     predict of the same shapes find every program there and write no new one."""

@@ -159,12 +159,9 @@ def _csv(path: pathlib.Path) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("name", TYPES)
-def test_configs_finetune_trains_each_family_and_the_commands_serve_it(
-    name, tmp_path, capsys, monkeypatch
-):
-    workdir, cut = str(tmp_path / "run"), str(tmp_path / "cut")
-    flags = [
+def _finetune_flags(name: str, tmp_path: pathlib.Path) -> list[str]:
+    """configs/finetune.py:tiny on the family's tiny checkpoint: 4 steps, a checkpoint every 2."""
+    return [
         "--config=configs/finetune.py:tiny",
         f"--config.model.pretrained={DATA / f'tiny_{name}'}",
         f"--config.data.path={_csv(tmp_path / 'reviews.csv')}",
@@ -172,17 +169,14 @@ def test_configs_finetune_trains_each_family_and_the_commands_serve_it(
         "--config.train.checkpoint_every_steps=2",
         "--config.train.baseline=False",
     ]
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_configs_finetune_trains_each_family_and_the_commands_serve_it(name, tmp_path, capsys):
+    workdir = str(tmp_path / "run")
+    flags = _finetune_flags(name, tmp_path)
     assert cli.run(train.define_flags, train.main, ["train", *flags, f"--workdir={workdir}"]) == 0
     trained = serving.load(workdir)
-    # Ctrl-C as batch 4 is fetched (after the step-2 checkpoint), then the same command again:
-    # the resumed run serves what the uninterrupted one serves, bit for bit.
-    with ctrl_c_at_batch(monkeypatch, 4):
-        assert cli.run(train.define_flags, train.main, ["train", *flags, f"--workdir={cut}"]) == (
-            cli.INTERRUPTED
-        )
-    assert cli.run(train.define_flags, train.main, ["train", *flags, f"--workdir={cut}"]) == 0
-    assert "resuming from step 2" in capsys.readouterr().err
-    assert_trees_equal(serving.load(cut).params, trained.params)
     _, cfg = encoders.load(DATA / f"tiny_{name}")
     assert attn.models.family(trained.cfg) == encoders.family(cfg).name
     proc = run_here("experiments.predict", f"--workdir={workdir}", "a dull film", capsys=capsys)
@@ -193,6 +187,25 @@ def test_configs_finetune_trains_each_family_and_the_commands_serve_it(
         "experiments.visualize", f"--workdir={workdir}", "--steps", "a dull film", capsys=capsys
     )
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TYPES)
+def test_each_family_resumes_after_ctrl_c_to_the_uninterrupted_params(
+    name, tmp_path, capsys, monkeypatch
+):
+    """Ctrl-C as batch 4 is fetched (after the step-2 checkpoint), then the same command again:
+    the resumed run ends with the uninterrupted one's params, bit for bit."""
+    whole, cut = str(tmp_path / "whole"), str(tmp_path / "cut")
+    flags = _finetune_flags(name, tmp_path)
+    assert cli.run(train.define_flags, train.main, ["train", *flags, f"--workdir={whole}"]) == 0
+    with ctrl_c_at_batch(monkeypatch, 4):
+        assert cli.run(train.define_flags, train.main, ["train", *flags, f"--workdir={cut}"]) == (
+            cli.INTERRUPTED
+        )
+    assert cli.run(train.define_flags, train.main, ["train", *flags, f"--workdir={cut}"]) == 0
+    assert "resuming from step 2" in capsys.readouterr().err
+    assert_trees_equal(serving.load(cut).params, serving.load(whole).params)
 
 
 @pytest.mark.parametrize("name", TYPES)
