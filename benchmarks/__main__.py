@@ -11,6 +11,7 @@
   python -m benchmarks chinese --pretrained=DIR/m3e-small [--seeds=0,1,2] [--rows=...]
       [--workdirs=DIR]
   python -m benchmarks audit --workdirs=DIR
+  python -m benchmarks traditional --workdirs=DIR
   python -m benchmarks distill --teacher=WORKDIR [--data_path=FILE] --workdirs=DIR
       [--seeds=0,1,2] [--rows=tfidf,teacher,soft-T2-w1-a8,...,speed] [--unlabeled=FILE]
   python -m benchmarks peers --bert_dir=DIR/all-MiniLM-L6-v2
@@ -22,8 +23,9 @@ Long Range Arena configs), `multihost` (two processes against one, about 20 minu
 (a fine-tuning step of a pretrained-size encoder; with --bert_dir, its numerics against
 transformers), `finetune` (a pretrained encoder fine-tuned against its ablations, hours on
 2 cores; results.json is written after each run), `distill` (attn's own model taught by a
-fine-tuned teacher, against TF-IDF, itself alone and the teacher, and served against it) and
-`peers` (attn's fine-tuning step and
+fine-tuned teacher, against TF-IDF, itself alone and the teacher, and served against it),
+`traditional` (the audit's models on the test split made traditional, as it is and with
+--convert=t2s) and `peers` (attn's fine-tuning step and
 serving against PyTorch, torch.compile, ONNX Runtime and transformers' Flax BERT on one
 checkpoint, in a venv with requirements-peers.txt; tens of minutes) run only when named.
 `device` is for a GPU or TPU (`benchmarks/device.py`): it writes `<out>/device.json` instead of a
@@ -59,6 +61,7 @@ from benchmarks import (
     multihost,
     peers,
     report,
+    traditional,
     train_step,
 )
 from experiments import cli
@@ -93,6 +96,9 @@ SECTIONS = {
         workdirs=fv.workdirs,
     ),
     "audit": lambda fv, prev: audit.run(
+        fv.quick, audit.models_from(fv.workdirs, fv.quick, _read_out(fv).get("chinese"))
+    ),
+    "traditional": lambda fv, prev: traditional.run(
         fv.quick, audit.models_from(fv.workdirs, fv.quick, _read_out(fv).get("chinese"))
     ),
     "distill": lambda fv, prev: distill.run(
@@ -168,8 +174,8 @@ def define_flags(fv: flags.FlagValues) -> None:
         "workdirs",
         "",
         "`chinese`: keep each run's workdir under DIR/chinese/<row>/seed<N> (default: deleted); "
-        "`audit`: where its models are (DIR/audit/default, trained if missing; the chinese "
-        "fine-tune's seed 0); "
+        "`audit`, `traditional`: where their models are (DIR/audit/default, trained if missing; "
+        "the chinese fine-tune's seed 0); "
         "`distill`: its students' workdirs, under DIR/distill/<data>/<row>/seed<N> (required).",
         flag_values=fv,
     )

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from benchmarks import audit, chinese, distill, finetune
+from benchmarks import audit, chinese, distill, finetune, traditional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The pages whose regions are rendered; benchmarks/REPORT.md is written whole by report.py.
@@ -464,6 +464,45 @@ def audit_table(sec: dict) -> str:
     return "\n".join(lines)
 
 
+def traditional_summary(sec: dict) -> str:
+    """What OpenCC's s2t does to the embedded test split, in one sentence."""
+    return (
+        f"OpenCC's s2t changes {sec['changed_characters']:.1%} of the characters of the embedded "
+        f"test split ({sec['changed_texts']:,} of its {sec['num_test']:,} texts), and t2s gives "
+        f"back {sec['round_trip_exact']:.1%} of the texts exactly."
+    )
+
+
+def traditional_table(sec: dict) -> str:
+    """Each model's test accuracy and unknown tokens on the simplified split, its traditional
+    copy as it is and the copy read with --convert=t2s, and predict's answer for one sentence."""
+    names = list(traditional.CONDITIONS)
+    said = {
+        k: sec["models"][next(iter(sec["models"]))]["predict"][k]["text"] for k in names
+    }  # the sentence as each condition gives it, the same for every model
+    lines = [
+        "| model | measure | " + " | ".join(traditional.CONDITIONS.values()) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in names) + " |",
+    ]
+    for name, m in sec["models"].items():
+        cells = {
+            "test accuracy": [f"{_pct(m[k]['accuracy'])}%" for k in names],
+            "tokens unknown": [f"{m[k]['unknown_tokens']:.2%}" for k in names],
+            "predict, the sentence below": [
+                f"{m['predict'][k]['label']} {m['predict'][k]['probability']:.3f}" for k in names
+            ],
+        }
+        lines += [f"| {name} | {what} | {' | '.join(c)} |" for what, c in cells.items()]
+    lines += [
+        "",
+        f"Each column holds the same {sec['num_test']:,} test texts and labels; tokens unknown: "
+        "the share of their tokens outside the model's vocabulary. predict's sentence is "
+        f"{said['simplified']} in simplified, {said['traditional']} in traditional (label and "
+        "probability).",
+    ]
+    return "\n".join(lines)
+
+
 def distill_table(part: dict) -> str:
     """One data's distill rows: test per seed, mean, best validation, wall time; the teacher,
     every distilled row (the chosen one marked), augmentation alone, the student alone, TF-IDF."""
@@ -737,6 +776,11 @@ RENDER: dict[str, Callable[[dict], str]] = {
     "audit": lambda r: (
         f"{audit_summary(r['audit'])}\n\n{audit_table(r['audit'])}"
         if "audit" in r
+        else "Not measured yet."
+    ),
+    "traditional": lambda r: (
+        f"{traditional_summary(r['traditional'])}\n\n{traditional_table(r['traditional'])}"
+        if "traditional" in r
         else "Not measured yet."
     ),
     "distill-chinese": lambda r: distill_table(_distill_part(r, distill.CHINESE)),

@@ -35,6 +35,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.data.label_field = "label"
     config.data.label_names = ()  # e.g. ("neg", "pos") to skip a stray "neutral" row
     config.data.max_bad_fraction = 0.01
+    config.data.convert = ""  # e.g. "t2s": OpenCC's traditional-to-simplified Chinese
     config.data.tokenizer = "char"
     config.data.lowercase = True
     config.data.min_freq = 2

@@ -109,6 +109,19 @@ def define_key_flags(define_flags: Define, fv: flags.FlagValues, module: str) ->
         fv.register_key_flag_for_module(module, fv[name])
 
 
+def define_convert_flag(fv: flags.FlagValues) -> None:
+    """--convert, of the commands that serve a trained run (predict, evaluate, visualize):
+    `serving.converting`."""
+    flags.DEFINE_string(
+        "convert",
+        None,
+        "Convert every text by this OpenCC conversion before the model reads it, e.g. t2s for "
+        "traditional Chinese given to a model trained on simplified; default: the run's "
+        "data.convert; '' converts nothing.",
+        flag_values=fv,
+    )
+
+
 def define_run_flags(fv: flags.FlagValues) -> None:
     """The flags of a command that trains in a workdir (train, pretrain)."""
     config_flags.DEFINE_config_file(

@@ -9,9 +9,12 @@ every row of a CSV/TSV/JSONL file or folder that configs/csv.py could train on, 
 hash would give, read with the training run's text and label fields unless --text_field and
 --label_field say otherwise. Its labels must be ones the model was trained on; rows with another
 label count as malformed. With --checkpoint=checkpoints (the last one) the name ends in `_last`.
-The names are evaluate's own: the eval_test.json training wrote (with its baseline, and the sign
-that training finished) is never overwritten. Several processes run it like experiments.train
-(the same flags), each reading its rows of every batch; process 0 prints and writes.
+With --convert=t2s texts are converted by that OpenCC conversion before the model reads them (by
+default as the run converted its own, data.convert; '' converts none): the result records it, and
+stderr says how many texts it changed. The names are evaluate's own: the eval_test.json training
+wrote (with its baseline, and the sign that training finished) is never overwritten. Several
+processes run it like experiments.train (the same flags), each reading its rows of every batch;
+process 0 prints and writes.
 """
 
 import os
@@ -21,7 +24,7 @@ import numpy as np
 from absl import flags
 
 from experiments import cli, parallel, serving, workdirs
-from experiments.data import datasets, encoding, user_files
+from experiments.data import conversion, datasets, encoding, user_files
 from experiments.data.splits import SPLITS
 from experiments.errors import UserError
 from experiments.training import checkpoints, classify
@@ -29,9 +32,12 @@ from experiments.training import checkpoints, classify
 _FLAGS = user_files.Flags("--path", "--text_field", "--label_field")  # named in file errors
 
 
-def evaluate_workdir(workdir: str, split: str, which: str = checkpoints.BEST) -> dict:
-    """Evaluates the workdir's `which` checkpoint on `split` and writes `result_file`."""
-    trained = serving.load(workdir, which)
+def evaluate_workdir(
+    workdir: str, split: str, which: str = checkpoints.BEST, convert: str | None = None
+) -> dict:
+    """Evaluates the workdir's `which` checkpoint on `split` and writes `result_file`; texts are
+    converted by `convert` (an OpenCC conversion), by default as the run converted its own."""
+    trained = _load(workdir, which, convert)
     data = encoding.load(
         trained.config.data,
         (split,),
@@ -46,22 +52,31 @@ def evaluate_workdir(workdir: str, split: str, which: str = checkpoints.BEST) ->
     return _evaluate(trained, data.splits[split], result_file(workdir, which, split=split))
 
 
+def _load(workdir: str, which: str, convert: str | None) -> serving.Trained:
+    trained = serving.load(workdir, which)
+    return trained if convert is None else serving.converting(trained, convert)
+
+
 def evaluate_file(
     workdir: str,
     path: str,
     which: str = checkpoints.BEST,
     text_field: str | None = None,
     label_field: str | None = None,
+    convert: str | None = None,
 ) -> dict:
     """Evaluates the workdir's `which` checkpoint on every row of the labelled file or folder at
-    `path` and writes `result_file` (see the module docstring)."""
-    trained = serving.load(workdir, which)
+    `path` and writes `result_file` (see the module docstring); `convert` as in
+    `evaluate_workdir`."""
+    trained = _load(workdir, which, convert)
     d = trained.config.data
     options = datasets.file_options(d) | {"label_names": trained.label_names}
     options["text_field"] = text_field or options["text_field"]
     options["label_field"] = label_field or options["label_field"]
     parts = user_files.load(path, **options, flags=_FLAGS)
-    texts = [t for s in SPLITS for t in parts[s][0]]
+    texts, changed = serving.converted(trained, [t for s in SPLITS for t in parts[s][0]])
+    if d.convert:
+        conversion.say(conversion.summary(d.convert, changed, len(texts)))
     labels = np.concatenate([parts[s][1] for s in SPLITS])
     add_cls = trained.cfg.pooling == "cls"
     split = encoding.encode_split(trained.tokenizer, texts, labels, d, add_cls=add_cls)
@@ -93,6 +108,8 @@ def _evaluate(trained: serving.Trained, s: encoding.Split, out: str, **about: st
     )
     result["step"] = trained.step
     result["label_names"] = list(trained.label_names)
+    if trained.config.data.convert:
+        result["convert"] = trained.config.data.convert
     result.update(about)
     if parallel.is_primary():
         workdirs.write_json(out, result)
@@ -136,6 +153,7 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string(
         "label_field", None, "--path's label column; default: the training run's.", flag_values=fv
     )
+    cli.define_convert_flag(fv)
     parallel.define_flags(fv)
 
 
@@ -144,10 +162,12 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
         raise UserError("--workdir=DIR is required")
     parallel.initialize_from_flags(fv)
     if fv.path is not None:
-        result = evaluate_file(fv.workdir, fv.path, fv.checkpoint, fv.text_field, fv.label_field)
+        result = evaluate_file(
+            fv.workdir, fv.path, fv.checkpoint, fv.text_field, fv.label_field, fv.convert
+        )
         what = f"{fv.path} (every row)"
     else:
-        result = evaluate_workdir(fv.workdir, fv.split, fv.checkpoint)
+        result = evaluate_workdir(fv.workdir, fv.split, fv.checkpoint, fv.convert)
         what = f"{fv.split} split"
     if not parallel.is_primary():
         parallel.finish()  # process 0 writes on; the job ends when it is done

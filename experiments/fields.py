@@ -15,6 +15,7 @@ from typing import Any
 import ml_collections
 
 from attn import classifier, distillation, masked_lm
+from experiments.data import conversion
 from experiments.errors import UserError
 
 # What a resumed run may do with a field (`Field.resume`).
@@ -80,6 +81,13 @@ FIELDS: dict[str, Field] = {
     "data.max_bad_fraction": Field(
         "stop when more than this fraction of a file's rows are malformed",
         resume=MAY_CHANGE,
+    ),
+    "data.convert": Field(
+        "an OpenCC conversion applied to every text before it is read, e.g. t2s (traditional "
+        'Chinese to simplified) or tw2s; "" = none. Saved with the run: its predict, evaluate and '
+        "visualize convert too",
+        check=Check(lambda v: isinstance(v, str), "an OpenCC conversion name such as 't2s', or ''"),
+        before="",
     ),
     "data.tokenizer": Field(
         "char, word or byte; auto = chosen from the data (csv.py); pretrained = "
@@ -467,6 +475,7 @@ def check(config: ml_collections.ConfigDict) -> None:
     for name, f in FIELDS.items():
         if f.check is not None and not f.check.ok(_get(config, name)):
             raise UserError(f"config.{name} must be {f.check.want}; got {_get(config, name)!r}")
+    conversion.converter(config.data.convert)  # a name OpenCC lacks: before any data is read
     if config.optim.bag_init == "naive_bayes" and not config.model.bag_buckets:
         raise UserError("optim.bag_init=naive_bayes needs a bag: set model.bag_buckets > 0")
     if config.data.bag_len and not config.model.bag_buckets:

@@ -37,6 +37,11 @@ label, its probability, each class's probability and an error column added; writ
 (.csv or .jsonl, a new file) or to stdout as CSV. Rows that cannot be classified get one line each
 on stderr, and the exit status 2; the others are still answered.
 
+--convert=t2s converts every text by that OpenCC conversion before the model reads it (t2s:
+traditional Chinese to simplified, for a model trained on simplified text); by default texts are
+converted as the run converted its own (data.convert), and --convert='' converts none. Stderr then
+says how many texts the conversion changed; the words listed are the converted ones.
+
 --explain adds three columns (`explain` in JSON): the top tokens by leave-one-out, each with the
 drop of the probability when it alone is erased, and the probability once the 3 most-attended
 tokens, then the 3 top leave-one-out tokens, are erased: a check of the attention column.
@@ -49,6 +54,7 @@ import numpy as np
 from absl import flags
 
 from experiments import cli, serving
+from experiments.data import conversion
 from experiments.errors import UserError
 from experiments.explain import maps, ranking
 from experiments.serving import rows
@@ -145,6 +151,7 @@ def define_flags(fv: flags.FlagValues) -> None:
         "the 3 top leave-one-out) tokens are erased: whether attention found what counts.",
         flag_values=fv,
     )
+    cli.define_convert_flag(fv)
     flags.DEFINE_boolean(
         "json",
         False,
@@ -168,10 +175,11 @@ def main(fv: flags.FlagValues, argv: list[str]) -> int:
     trained = _trained(fv)
     if not fv.json:
         print(HEADER + (ranking.HEADER if fv.explain else ""))
-    failed = 0
+    failed = changed = 0
     for n, text in enumerate(texts, 1):
         try:
             r = serving.read(trained, text)
+            changed += r.converted
             p = predict_read(trained, r, fv.top)
             if fv.explain and p["label"] is not None:
                 p["explain"] = ranking.explain_read(trained, r, fv.top)
@@ -183,6 +191,8 @@ def main(fv: flags.FlagValues, argv: list[str]) -> int:
             print(f"note: text {n}: {p['note']}", file=sys.stderr)
         line = format_line(p) + (ranking.columns(p) if fv.explain else "")
         print(json.dumps(p, ensure_ascii=False) if fv.json else line, flush=True)
+    if trained.config.data.convert:
+        print(conversion.summary(trained.config.data.convert, changed, len(texts)), file=sys.stderr)
     return 2 if failed else 0
 
 
@@ -190,6 +200,8 @@ def _trained(fv: flags.FlagValues) -> serving.Trained:
     trained = serving.load(fv.workdir) if fv.workdir else serving.load_pretrained(fv.pretrained)
     if fv.max_len is not None:
         trained = serving.reading_up_to(trained, fv.max_len)
+    if fv.convert is not None:
+        trained = serving.converting(trained, fv.convert)
     print(f"answering from {trained.source}", file=sys.stderr)
     return trained
 
@@ -200,7 +212,7 @@ def predict_rows(fv: flags.FlagValues) -> int:
     text_field = fv.text_field or trained.config.data.get("text_field", "text")
     table = rows.read(fv.path, text_field)
     rows.check_out(fv.out, fv.path, table, trained.label_names)
-    rows.predict(trained, table)
+    changed = rows.predict(trained, table)
     rows.write(table, trained.label_names, fv.out)
     failed = [row for row in table.rows if row.error is not None]
     for row in failed:
@@ -208,6 +220,8 @@ def predict_rows(fv: flags.FlagValues) -> int:
     answered = len(table.rows) - len(failed)
     where = f" to {fv.out}" if fv.out else ""
     print(f"{answered} of {len(table.rows)} rows answered{where}", file=sys.stderr)
+    if trained.config.data.convert:
+        print(conversion.summary(trained.config.data.convert, changed, answered), file=sys.stderr)
     return 2 if failed else 0
 
 

@@ -15,7 +15,8 @@ Writes into OUT (--out, default DIR/visualize), replacing what an earlier call l
 and DIR/curves.png from DIR/metrics.jsonl. A call that fails changes none of them. A prediction
 that reads less than it seems (a text cut to the model's length, or mostly outside its
 vocabulary) gets a line `note: text N: ...` on stderr and the same words on the page, as in
-experiments.predict.
+experiments.predict. With --convert (or the run's data.convert) stderr says how many texts the
+conversion changed; the tokens drawn are the converted ones.
 """
 
 import os
@@ -29,6 +30,7 @@ from absl import flags
 
 from attn import classifier, models
 from experiments import cli, serving
+from experiments.data import conversion
 from experiments.errors import UserError
 from experiments.explain import maps, page, plots, ranking, step_plots
 
@@ -48,15 +50,19 @@ def visualize(
     query: int = 0,
     window: int = 32,
     pad_to: int = 0,
+    convert: str | None = None,
 ) -> list[str]:
     """Writes the plots for `texts` into a fresh directory that then replaces `out`; returns the
     paths written.
 
     The steps (drawn with `steps` for every text, and on the page for the first) are those of
     layer `layer`, head `head`, on the text's first `window` tokens run alone, padded with PAD
-    to `pad_to` tokens when that is longer (padding is what masked keys look like).
+    to `pad_to` tokens when that is longer (padding is what masked keys look like). Texts are
+    converted by `convert` (an OpenCC conversion), by default as the run converted its own.
     """
     trained = serving.load(workdir)
+    if convert is not None:
+        trained = serving.converting(trained, convert)
     cfg = trained.cfg
     _check_choice(cfg, layer=layer, head=head, window=window, pad_to=pad_to, max_tokens=max_tokens)
     _check_out(out)
@@ -77,6 +83,9 @@ def visualize(
     for n, note in enumerate(notes, 1):
         if note:
             print(f"note: text {n}: {note}", file=sys.stderr)
+    if trained.config.data.convert:
+        changed = sum(r.converted for r in reads)
+        print(conversion.summary(trained.config.data.convert, changed, len(reads)), file=sys.stderr)
 
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
@@ -277,6 +286,7 @@ def define_flags(fv: flags.FlagValues) -> None:
         "Pad the drawn tokens with PAD to this length, to see padding keys masked.",
         flag_values=fv,
     )
+    cli.define_convert_flag(fv)
 
 
 def main(fv: flags.FlagValues, argv: list[str]) -> None:
@@ -296,6 +306,7 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
         query=fv.query,
         window=fv.window,
         pad_to=fv.pad_to,
+        convert=fv.convert,
     )
     for path in written:
         print(path)

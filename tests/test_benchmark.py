@@ -98,7 +98,7 @@ def test_unknown_section_is_user_error(capsys):
     assert cli.run(bench_main.define_flags, bench_main.main, ["benchmarks", "speed"]) == 2
     err = capsys.readouterr().err
     names = "attention, train, accuracy, imdb, lra, multihost, bert, finetune, chinese, audit, "
-    names += "distill, peers, families"
+    names += "traditional, distill, peers, families"
     names += ", all, device"
     assert f"{names}; got ['speed']" in err
 
@@ -308,3 +308,38 @@ def test_families_section_times_every_family_against_its_reference(tmp_path, cap
         assert (row["reference"] == "jax.nn") == jax_nn and bool(row["no_jax_nn"]) != jax_nn
     report = (tmp_path / "REPORT.md").read_text(encoding="utf-8")
     assert "10. Every encoder family" in report and "| deberta-v2 |" in report
+
+
+def test_traditional_section_scores_both_scripts_and_the_conversion(trained, tmp_path, capsys):
+    """`benchmarks traditional --quick` with the `trained` workdir as the audit's attn from scratch:
+    every 20th test text simplified, made traditional, and read with --convert=t2s, which answers
+    as on the simplified text wherever the round trip gives the text back; REPORT renders it."""
+    pytest.importorskip("opencc")
+    (tmp_path / "runs" / "audit").mkdir(parents=True)
+    (tmp_path / "runs" / "audit" / "default-tiny").symlink_to(trained)
+    out = tmp_path / "out"
+    argv = ["benchmarks", "traditional", "--quick", f"--out={out}", f"--workdirs={tmp_path}/runs"]
+    assert cli.run(bench_main.define_flags, bench_main.main, argv) == 0
+    sec = json.loads((out / "results.json").read_text(encoding="utf-8"))["traditional"]
+    assert sec["num_test"] == sec["changed_texts"] == 87  # 1,726 / 20; each has a simplified one
+    assert 0.2 < sec["changed_characters"] < 0.35 and sec["round_trip_exact"] > 0.9
+    (name, m), *others = sec["models"].items()
+    assert name == "attn from scratch (configs/default.py)" and not others
+    assert [m[k]["converted_texts"] for k in ("simplified", "traditional", "converted")] == [
+        0,
+        0,
+        87,
+    ]
+    assert m["traditional"]["unknown_tokens"] > m["simplified"]["unknown_tokens"]
+    assert abs(m["converted"]["accuracy"] - m["simplified"]["accuracy"]) <= (
+        1 - sec["round_trip_exact"] + 1e-9
+    )
+    said = m["predict"]
+    assert (said["simplified"]["text"], said["traditional"]["text"]) == (
+        "这本书非常好看",
+        "這本書非常好看",
+    )
+    assert said["converted"] == {**said["simplified"], "text": "這本書非常好看"}
+    written = (out / "REPORT.md").read_text(encoding="utf-8")
+    assert "## 15. Traditional Chinese" in written
+    assert f"| {name} | test accuracy | {100 * m['simplified']['accuracy']:.2f}% |" in written

@@ -11,6 +11,9 @@ Datasets (`data.dataset`):
                    validation = the hash-selected 10% of GLUE train, train = the other 90%.
   file             the user's CSV / TSV / JSONL file or folder at `data.path` (see `user_files.py`).
 
+With `data.convert` (an OpenCC conversion, `conversion.py`) every text is converted once its split
+is known (splits go by the text as written), and stderr says how many changed.
+
 All TFDS datasets are read with `tfds.data_source` from ArrayRecord files: no TensorFlow. On Colab
 (TPU runtimes have no TensorFlow) or any machine with a network, `imdb_reviews` and `glue/sst2`
 are downloaded and prepared on first use into `data.data_dir` (default ~/tensorflow_datasets;
@@ -33,7 +36,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging as absl_logging
 
-from experiments.data import chinese_reviews, user_files  # noqa: F401 (registers the builder)
+from experiments.data import chinese_reviews, conversion, user_files  # noqa: F401 (a TFDS builder)
 from experiments.data.splits import SPLITS, held_out
 from experiments.errors import UserError
 
@@ -94,7 +97,23 @@ _NO_NETWORK_HINT = {
 
 
 def load_splits(data_cfg: Any, splits: Sequence[str] = SPLITS) -> dict[str, Examples]:
-    """Several splits of `data_cfg.dataset`, reading each underlying source once.
+    """Several splits of `data_cfg.dataset`, reading each underlying source once, their texts
+    converted as data.convert says."""
+    examples = _read_splits(data_cfg, splits)
+    name = data_cfg.get("convert", "")
+    if not name:
+        return examples
+    out, changed, total = {}, 0, 0
+    for s, (texts, labels, names) in examples.items():
+        converted, n = conversion.convert_all(name, texts)
+        out[s] = (converted, labels, names)
+        changed, total = changed + n, total + len(texts)
+    conversion.say(conversion.summary(name, changed, total, f"texts ({', '.join(splits)})"))
+    return out
+
+
+def _read_splits(data_cfg: Any, splits: Sequence[str]) -> dict[str, Examples]:
+    """`load_splits`' texts as the dataset has them.
 
     IMDB and SST-2 carve train and validation out of the same TFDS split, and a user file holds
     all three: reading per split would parse them two or three times.

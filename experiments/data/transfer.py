@@ -72,9 +72,11 @@ def build(
     sources: Sequence[str] = (),
     text_field: str = "text",
     data_dir: str | None = None,
+    convert: str = "",
 ) -> Transfer:
     """The transfer set of the training split (`train_texts`, `train_labels` int32 [N]):
-    `copies` augmented copies of each, and the texts of `sources` (data.unlabeled entries);
+    `copies` augmented copies of each, and the texts of `sources` (data.unlabeled entries,
+    converted by `convert`);
     `held` are the validation and test texts, which it never holds."""
     unit = unit_of(train_texts)
     banned = {normalize(t) for t in held}
@@ -105,7 +107,7 @@ def build(
     if copies:
         parts.append(f"{made:,} augmented ({copies} a text, {unit}s masked and cut to n-grams)")
     for source in sources:
-        added = sum(add(t, -1) for t in unlabeled.read(source, text_field, data_dir))
+        added = sum(add(t, -1) for t in unlabeled.read(source, text_field, data_dir, convert))
         parts.append(f"{added:,} from {source}")
     summary = f"transfer set: {len(texts):,} texts: {', '.join(parts)}"
     if dropped:

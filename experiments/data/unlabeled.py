@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments.data import datasets, user_files
+from experiments.data import conversion, datasets, user_files
 from experiments.data.splits import normalize
 from experiments.errors import UserError
 
@@ -39,7 +39,8 @@ def load(data: Any) -> Texts:
     texts, parts, dropped = list(train), [f"{len(train):,} from the training split"], 0
     for source in sources(data):
         added = 0
-        for text in read(source, data.get("text_field", "text"), data.get("data_dir") or None):
+        field, data_dir = data.get("text_field", "text"), data.get("data_dir") or None
+        for text in read(source, field, data_dir, data.get("convert", "")):
             k = normalize(text)
             if k in held:
                 dropped += 1
@@ -62,9 +63,11 @@ def sources(data: Any) -> Sequence[str]:
     return tuple(given)
 
 
-def read(source: str, text_field: str = "text", data_dir: str | None = None) -> list[str]:
-    """The texts of one `data.unlabeled` entry; UserError naming the entry when it has none or
-    cannot be read."""
+def read(
+    source: str, text_field: str = "text", data_dir: str | None = None, convert: str = ""
+) -> list[str]:
+    """The texts of one `data.unlabeled` entry, converted by `convert` (data.convert, as the
+    splits are); UserError naming the entry when it has none or cannot be read."""
     named = f"data.unlabeled entry {source!r}"
     if source.startswith("tfds:"):
         return _tfds(source, named, data_dir)
@@ -85,7 +88,7 @@ def read(source: str, text_field: str = "text", data_dir: str | None = None) -> 
     texts = [t for t in texts if t.strip()]
     if not texts:
         raise UserError(f"{named} holds no text")
-    return texts
+    return conversion.convert_all(convert, texts)[0]
 
 
 def _folder(root: Path) -> list[str]:

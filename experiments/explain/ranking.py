@@ -27,7 +27,7 @@ HEADER = (
 def bag_source(trained: serving.Trained, text: str) -> np.ndarray | None:
     """int32 [m]: the attention position of each token the bag reads of `text`, -1 for those only
     the bag reads; None when the bag reads what attention reads (`encoding.Cut.source_G`)."""
-    return serving.cut(trained, trained.tokenizer.encode(text)).source_G
+    return serving.cut(trained, trained.tokenizer.encode(serving.text_read(trained, text))).source_G
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))

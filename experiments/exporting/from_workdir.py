@@ -47,8 +47,9 @@ def _test_result(workdir: str) -> dict | None:
 def export(workdir: str, out: str | os.PathLike, *, onnx: bool = False) -> pathlib.Path:
     """Writes the workdir's best checkpoint (its last before any evaluation) at `out` (with
     model.onnx beside the weights when `onnx`, `onnx_file`); returns it. UserError in one line
-    for a pretraining workdir, an `out` that holds files, --onnx without what it needs or for
-    attn's own model, and what `hub_dir.write` refuses."""
+    for a pretraining workdir, a run that converted its texts (data.convert), an `out` that
+    holds files, --onnx without what it needs or for attn's own model, and what `hub_dir.write`
+    refuses."""
     out = pathlib.Path(out)
     hub_dir.check_out(out)
     if onnx:
@@ -58,6 +59,12 @@ def export(workdir: str, out: str | os.PathLike, *, onnx: bool = False) -> pathl
         raise UserError(
             f"{workdir!r} is a pretraining workdir: it predicts hidden tokens, not labels; "
             f"fine-tune it first (experiments.train --config.model.init_from={workdir})"
+        )
+    if held.config.data.convert:  # an exported model reads what it is given, unconverted
+        raise UserError(
+            f"{workdir!r} converted every text with OpenCC (data.convert="
+            f"{held.config.data.convert!r}) before its model read it, which an exported model "
+            "cannot do: it would read texts unconverted"
         )
     if models.family(held.cfg) == models.OWN:
         if onnx:

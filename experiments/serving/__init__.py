@@ -1,8 +1,9 @@
 """A trained run, served: its config, tokenizer, model config and the weights to serve (loaded
 from a workdir for evaluate, predict, visualize and faithfulness, or from a transformers sequence
 classifier with no workdir, `load_pretrained`), and a user text as the model reads it (`read`,
-from one call of the tokenizer): its ids encoded as training encoded texts, what its bag reads,
-its words and what the answer rests on.
+from one call of the tokenizer): converted as the run converted its texts (data.convert, or the
+commands' --convert: `converting`), its ids encoded as training encoded texts, what its bag
+reads, its words and what the answer rests on.
 """
 
 import dataclasses
@@ -14,7 +15,7 @@ import numpy as np
 
 from attn import encoder_classifier, encoders, models
 from configs import finetune
-from experiments.data import checkpoint_tokenizer, encoding, scripts, tokenizers
+from experiments.data import checkpoint_tokenizer, conversion, encoding, scripts, tokenizers
 from experiments.errors import UserError
 from experiments.training import checkpoints, workdir_reader
 
@@ -77,6 +78,26 @@ def load_pretrained(path: str) -> Trained:
     return Trained(config, cfg, params, tok, names, 0, source)
 
 
+def converting(trained: Trained, name: str) -> Trained:
+    """`trained` converting every text by OpenCC's conversion `name` ("" for none) in place of
+    its run's data.convert (the commands' --convert); UserError in one line for a name OpenCC
+    lacks."""
+    conversion.converter(name, "--convert")
+    config = ml_collections.ConfigDict(trained.config.to_dict())
+    config.data.convert = name
+    return dataclasses.replace(trained, config=config)
+
+
+def converted(trained: Trained, texts: list[str]) -> tuple[list[str], int]:
+    """`texts` as the model reads them (data.convert), and how many of them that changed."""
+    return conversion.convert_all(trained.config.data.convert, texts)
+
+
+def text_read(trained: Trained, text: str) -> str:
+    """A user's text as the model reads it: checked (`encoding.check_text`), then converted."""
+    return conversion.converter(trained.config.data.convert)(encoding.check_text(text))
+
+
 def framing_ids(trained: Trained) -> np.ndarray:
     """int32: the ids that are no token of a text, which no ranking picks and no erasure removes:
     PAD and the tokens put around a text (CLS, or a checkpoint's [CLS] and [SEP])."""
@@ -112,12 +133,12 @@ def cut(trained: Trained, raw_n: np.ndarray) -> encoding.Cut:
 
 def encode(trained: Trained, text: str) -> np.ndarray:
     """Token ids of one user text as the model saw texts in training (truncation, CLS)."""
-    return cut(trained, trained.tokenizer.encode(encoding.check_text(text))).ids_L
+    return cut(trained, trained.tokenizer.encode(text_read(trained, text))).ids_L
 
 
 def encode_bag(trained: Trained, text: str) -> np.ndarray | None:
     """What the model's bag reads of one user text, when it reads more than `encode` gives."""
-    return cut(trained, trained.tokenizer.encode(encoding.check_text(text))).bag_G
+    return cut(trained, trained.tokenizer.encode(text_read(trained, text))).bag_G
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,17 +175,18 @@ class Read:
     tokens_L: list[str]  # each id as the tokenizer writes it
     words: Words
     reading: Reading
+    converted: bool  # data.convert changed the text: its words are the converted ones
 
 
 def read(trained: Trained, text: str) -> Read:
     """`text` read once: its ids, what its bag reads, its words and what the answer rests on."""
-    pieces = trained.tokenizer.encode_words(encoding.check_text(text))
+    seen = text_read(trained, text)
+    pieces = trained.tokenizer.encode_words(seen)
     c = cut(trained, pieces.ids)
     tokens_L = trained.tokenizer.tokens(c.ids_L.tolist())
-    summary = _summary(trained, text, c.ids_L, whole=len(pieces.ids))
-    return Read(
-        c.ids_L, c.bag_G, c.source_G, tokens_L, _words(trained, c, pieces, tokens_L), summary
-    )
+    summary = _summary(trained, seen, c.ids_L, whole=len(pieces.ids))
+    words = _words(trained, c, pieces, tokens_L)
+    return Read(c.ids_L, c.bag_G, c.source_G, tokens_L, words, summary, seen != text)
 
 
 def _words(
@@ -192,8 +214,8 @@ def _words(
 def reading(trained: Trained, text: str, ids_L: np.ndarray) -> Reading:
     """What the answer to `text` rests on, `ids_L` being `encode(trained, text)` (`read` gives
     it with the rest, from its one call of the tokenizer)."""
-    whole = len(trained.tokenizer.encode(encoding.check_text(text)))
-    return _summary(trained, text, ids_L, whole)
+    seen = text_read(trained, text)
+    return _summary(trained, seen, ids_L, len(trained.tokenizer.encode(seen)))
 
 
 def known_tokens(trained: Trained, ids_L: np.ndarray) -> int:

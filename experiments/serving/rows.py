@@ -8,7 +8,8 @@ PROBABILITY and one `prob_<label>` column per class added, then ERROR: empty unl
 not be classified (no text, an empty or undecodable one, a record wider than the header, a line
 that is no JSON object), which stderr also says in one line. The rows are written in input order
 to a new .csv or .jsonl file (under a temporary name, renamed when whole), or to stdout as CSV.
-Texts are cut to the model's length as training cut them, and batched as evaluate batches them.
+Texts are converted as the run converted its own (data.convert, or predict's --convert), cut to
+the model's length as training cut them, and batched as evaluate batches them.
 """
 
 import csv
@@ -148,8 +149,9 @@ def added_columns(label_names: tuple[str, ...]) -> list[str]:
     return [PREDICTED, PROBABILITY, *(f"prob_{n}" for n in label_names), ERROR]
 
 
-def predict(trained: serving.Trained, table: Table) -> None:
-    """Fills each row's answer in place: `values` gains the added columns (`added_columns`)."""
+def predict(trained: serving.Trained, table: Table) -> int:
+    """Fills each row's answer in place: `values` gains the added columns (`added_columns`).
+    Returns how many texts data.convert changed before the model read them."""
     names = trained.label_names
     todo = []
     for row in table.rows:
@@ -162,7 +164,8 @@ def predict(trained: serving.Trained, table: Table) -> None:
     tok, data, add_cls = trained.tokenizer, trained.config.data, trained.cfg.pooling == "cls"
     # Each row tokenized once, for its ids alone: `serving.read`'s words and notes, which no row
     # shows, cost more than the forward pass (0.8 s against 0.1 s a 1,000 short rows, tiny model).
-    raw = [tok.encode(r.text) for r in tqdm(todo, desc="tokenize", unit="text", leave=False)]
+    texts, changed = serving.converted(trained, [r.text for r in todo])
+    raw = [tok.encode(t) for t in tqdm(texts, desc="tokenize", unit="text", leave=False)]
     frame = tok.specials.frame
     ids = encoding.cut(
         raw, max_len=trained.cfg.max_len, add_cls=add_cls, tail_len=data.tail_len, frame=frame
@@ -186,6 +189,7 @@ def predict(trained: serving.Trained, table: Table) -> None:
     for row in table.rows:
         if row.error is not None:
             row.values[ERROR] = row.error
+    return changed
 
 
 def write(table: Table, label_names: tuple[str, ...], out: str | None) -> None:

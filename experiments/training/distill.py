@@ -100,6 +100,7 @@ def prepare(config: ml_collections.ConfigDict, data: encoding.Encoded, workdir: 
         sources=unlabeled.sources(d) if teacher else (),
         text_field=d.get("text_field", "text"),
         data_dir=d.get("data_dir") or None,
+        convert=d.get("convert", ""),
     )
     split = encoding.encode_split(
         data.tokenizer, texts.texts, texts.labels, d, add_cls=config.model.pooling == "cls"

@@ -200,9 +200,11 @@ def text_keys(texts: Sequence[str]) -> np.ndarray:
 
 def logits(teacher: Teacher, texts: Sequence[str]) -> np.ndarray:
     """float32 [N, C]: the teacher's logits (log-probabilities) over `texts`, in the data's
-    class order; masked units written as its tokenizer reads them."""
+    class order; masked units written as its tokenizer reads them, texts converted as its run
+    converted its own (data.convert)."""
     t = teacher.trained
     tok, data, add_cls = t.tokenizer, t.config.data, t.cfg.pooling == "cls"
+    texts = serving.converted(t, list(texts))[0]
     raw = [tok.encode(text.replace(MASK, teacher.mask)) for text in texts]
     frame = tok.specials.frame
     ids = encoding.cut(
