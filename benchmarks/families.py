@@ -8,7 +8,8 @@ attention dropout off, since jax.nn has none), and the two attentions run interl
 process: attn's matrix form (`attn.Attention()`) and jax.nn's XLA one (`implementation="xla"`,
 with the family's own score and mask: ModernBERT's rotary q and k and its local windows go
 through). A family whose score jax.nn cannot compute (DeBERTa's disentangled attention) is timed
-against the BERT step of its size instead, which prices the relative-position terms.
+against the BERT step of its size instead, which prices the relative-position terms. ModernBERT's
+attn step is also timed at 3 and 12 layers: how it grows with depth.
 """
 
 import dataclasses
@@ -33,6 +34,9 @@ MODELS = {
 }
 LENGTH, BATCH = 128, 8
 XLA = "jax.nn"
+# The family whose step is timed at two depths, and the depths (--quick: 1 and 4): a step linear
+# in depth grows 4x between them, less for the embeddings and head, which depth leaves alone.
+DEPTH = ("modernbert", (3, 12))
 # --quick: the same families at a tiny size (fields a family lacks are left out).
 TINY = {
     "vocab_size": 100,
@@ -118,6 +122,35 @@ def family_row(name: str, quick: bool, repeats: int) -> dict:
     return row
 
 
+def depth_row(quick: bool, repeats: int) -> dict:
+    """DEPTH's family's attn step at its two depths (else the size `family_row` times), timed
+    interleaved, and the deeper step's time over the shallower's."""
+    name, depths = DEPTH[0], (1, 4) if quick else DEPTH[1]
+    cfg = base_config(name, quick)
+    length, batch_size = (16, 2) if quick else (LENGTH, BATCH)
+    batch = _batch(cfg, batch_size, length)
+    tx = optax.adamw(1e-4, weight_decay=0.01)
+    runs = {
+        n: _compiled(dataclasses.replace(cfg, num_layers=n), Attention(), batch, tx)[0]
+        for n in depths
+    }
+    timing.time_interleaved(runs, 1)  # first calls
+    steps = {n: statistics.median(ts) for n, ts in timing.time_interleaved(runs, repeats).items()}
+    shallow, deep = depths
+    ratio = steps[deep] / steps[shallow]
+    print(
+        f"{name} depth: attn step {steps[shallow]:.2f} s at {shallow} layers, {steps[deep]:.2f} s "
+        f"at {deep}: {deep} / {shallow} layers {ratio:.2f} (linear in depth: {deep / shallow:g})"
+    )
+    return {
+        "family": name,
+        "layers": list(depths),
+        "step_s": [steps[n] for n in depths],
+        "repeats": repeats,
+        "ratio": ratio,
+    }
+
+
 def run(quick: bool) -> dict:
     """The families section of results.json."""
     repeats = 2 if quick else 5
@@ -126,5 +159,6 @@ def run(quick: bool) -> dict:
         "L": 16 if quick else LENGTH,
         "batch": 2 if quick else BATCH,
         "rows": rows,
+        "depth": depth_row(quick, repeats),
         "peak_rss_bytes": timing.peak_rss_bytes(),
     }

@@ -564,7 +564,20 @@ def _families_md(sec: dict) -> list[str]:
             f"{a['temp_bytes'] / 2**20:.0f} / {ref['temp_bytes'] / 2**20:.0f} MiB |"
         )
     why = {r["no_jax_nn"] for r in sec["rows"].values() if r["no_jax_nn"]}
-    return [*lines, "", *(f"No jax.nn reference: {w}." for w in sorted(why)), ""]
+    lines += ["", *(f"No jax.nn reference: {w}." for w in sorted(why)), ""]
+    return lines + _depth_md(sec["depth"]) if "depth" in sec else lines
+
+
+def _depth_md(d: dict) -> list[str]:
+    """The families section's depth line: one family's attn step at two depths."""
+    (shallow, deep), (t_shallow, t_deep) = d["layers"], d["step_s"]
+    return [
+        f"Depth: {d['family']}'s attn step, the same batch, at {shallow} and {deep} layers: "
+        f"{t_shallow:.2f} s and {t_deep:.2f} s, {deep} / {shallow} layers **{d['ratio']:.2f}** "
+        f"(linear in depth: {deep / shallow:g}, less for the embeddings and head, which depth "
+        "leaves alone).",
+        "",
+    ]
 
 
 def _chinese_md(sec: dict) -> list[str]:

@@ -294,8 +294,8 @@ def test_finetune_section_accumulates_rows_and_seeds_and_judges_its_targets(tmp_
 
 def test_families_section_times_every_family_against_its_reference(tmp_path, capsys):
     """`benchmarks families --quick`: a row per registered family, each timed against jax.nn's
-    attention or, where jax.nn cannot compute its score, BERT's step of its size; REPORT renders
-    the table."""
+    attention or, where jax.nn cannot compute its score, BERT's step of its size, and
+    ModernBERT's step at two depths; REPORT renders the table and the depth ratio."""
     argv = ["benchmarks", "families", "--quick", f"--out={tmp_path}"]
     assert cli.run(bench_main.define_flags, bench_main.main, argv) == 0
     sec = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))["families"]
@@ -306,8 +306,12 @@ def test_families_section_times_every_family_against_its_reference(tmp_path, cap
         assert row["ratio"] > 0 and row["attn"]["step_s"] > 0
         jax_nn = "xla" not in encoders.family(name).unsupported
         assert (row["reference"] == "jax.nn") == jax_nn and bool(row["no_jax_nn"]) != jax_nn
+    depth = sec["depth"]
+    assert depth["family"] == "modernbert" and depth["layers"] == [1, 4]
+    assert depth["ratio"] == depth["step_s"][1] / depth["step_s"][0] > 0
     report = (tmp_path / "REPORT.md").read_text(encoding="utf-8")
     assert "10. Every encoder family" in report and "| deberta-v2 |" in report
+    assert f"4 / 1 layers **{depth['ratio']:.2f}**" in report
 
 
 def test_traditional_section_scores_both_scripts_and_the_conversion(trained, tmp_path, capsys):

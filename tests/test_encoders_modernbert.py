@@ -19,7 +19,7 @@ from conftest import ROOT, assert_one_line_error, run_here, tree_hash
 from safetensors.numpy import load_file
 
 import attn
-from attn import encoders, models, pooling
+from attn import encoders, layers, models, pooling
 from attn.encoders import modernbert
 from attn.encoders.modernbert import model
 from experiments import cli, train
@@ -269,6 +269,46 @@ def test_jit_vmap_and_grad():
     for path, leaf in jax.tree_util.tree_leaves_with_path(grads):
         assert bool(jnp.isfinite(leaf).all()), jax.tree_util.keystr(path)
         assert float(jnp.abs(leaf).max()) > 0, jax.tree_util.keystr(path)
+
+
+def test_layer_norm_backward_is_autodiffs(monkeypatch):
+    """The LayerNorm's own backward (written so that XLA does not copy the residual stream's
+    cotangent into every later block) gives the gradients autodiff of attn.layers.layer_norm
+    gives, to float32 rounding, in every parameter; in bfloat16 compute, x's cotangent is
+    bfloat16, within a rounding of autodiff's."""
+    params, cfg = _tiny()
+    g = _golden()
+    mask = g["mask"] > 0
+
+    def grads():
+        def loss(p):
+            h_BxLxD = model.encode(p, cfg, g["ids"], mask)
+            return jnp.square(jax.vmap(pooling.mean_pool)(h_BxLxD, mask)).mean()
+
+        return jax.jit(jax.grad(loss))(params)
+
+    own = grads()
+    autodiff_norm = functools.partial(
+        layers.layer_norm, {"scale": jnp.ones(8), "bias": 0.0}, eps=1e-5
+    )
+    x16 = jnp.asarray(np.random.default_rng(0).normal(3.0, 2.0, (4, 8)), jnp.bfloat16)
+    w = np.random.default_rng(1).normal(size=(4, 8))
+    dx16 = [
+        jax.grad(lambda x, f=f: (f(x).astype(jnp.float32) * w).sum())(x16)
+        for f in (lambda x: model._layer_norm(x, jnp.ones(8), 1e-5), autodiff_norm)
+    ]
+    monkeypatch.setattr(
+        model,
+        "_norm",
+        lambda p, x, c: layers.layer_norm({"scale": p["scale"], "bias": 0.0}, x, c.norm_eps),
+    )
+    autodiff = grads()
+    leaves = zip(jax.tree_util.tree_leaves_with_path(autodiff), jax.tree.leaves(own), strict=True)
+    for (path, a), b in leaves:
+        assert float(jnp.abs(a - b).max()) <= 1e-5 * float(jnp.abs(a).max()), path
+    assert dx16[0].dtype == jnp.bfloat16
+    own16, autodiff16 = (np.asarray(dx, np.float32) for dx in dx16)
+    np.testing.assert_allclose(own16, autodiff16, atol=2.0**-7 * np.abs(autodiff16).max())
 
 
 def test_dropout_needs_rng_and_each_rate_draws_its_own_masks():

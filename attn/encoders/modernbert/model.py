@@ -174,8 +174,43 @@ def init(key: jax.Array, cfg: Config) -> dict:
 
 
 def _norm(p: dict, x_xD: jax.Array, cfg: Config) -> jax.Array:
-    """A LayerNorm without bias (statistics in float32, `attn.layers.layer_norm`)."""
-    return layers.layer_norm({"scale": p["scale"], "bias": 0.0}, x_xD, cfg.norm_eps)
+    """A LayerNorm without bias, statistics in float32 (`attn.layers.layer_norm`'s forward),
+    differentiated by `_layer_norm`'s own backward."""
+    return _layer_norm(x_xD, p["scale"], cfg.norm_eps)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _layer_norm(x_xD: jax.Array, scale_D: jax.Array, eps: float) -> jax.Array:
+    return _layer_norm_fwd(x_xD, scale_D, eps)[0]
+
+
+def _layer_norm_fwd(x_xD: jax.Array, scale_D: jax.Array, eps: float) -> tuple:
+    """(x's LayerNorm in x's dtype, what the backward reads: x normalised [..., D] float32, its
+    1 / standard deviation [..., 1], scale [D])."""
+    x32 = x_xD.astype(jnp.float32)
+    centred = x32 - x32.mean(-1, keepdims=True)
+    inv_std = jax.lax.rsqrt(jnp.square(centred).mean(-1, keepdims=True) + eps)
+    xhat_xD = centred * inv_std
+    return (xhat_xD * scale_D).astype(x_xD.dtype), (xhat_xD, inv_std, scale_D)
+
+
+def _layer_norm_bwd(eps: float, res: tuple, g_xD: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The cotangents of x and scale, x's in one expression: autodiff's sums it from x's three
+    uses (the mean, the centring, the residual stream) and ends on the mean's broadcast term,
+    an add XLA counts as unary and so copies into every consumer; on CPU each block's residual
+    cotangent then recomputed the chain through every later block's LayerNorms (a step
+    quadratic in depth)."""
+    del eps
+    xhat_xD, inv_std, scale_D = res
+    gs_xD = g_xD.astype(jnp.float32) * scale_D
+    dx_xD = inv_std * (
+        gs_xD - gs_xD.mean(-1, keepdims=True) - xhat_xD * (gs_xD * xhat_xD).mean(-1, keepdims=True)
+    )
+    dscale_D = (g_xD.astype(jnp.float32) * xhat_xD).reshape(-1, xhat_xD.shape[-1]).sum(0)
+    return dx_xD.astype(g_xD.dtype), dscale_D
+
+
+_layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
 
 
 def _check_inputs(
