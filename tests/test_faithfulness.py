@@ -162,7 +162,7 @@ def _fake_trained(max_len: int, tail_len: int, bag_len: int, cls: bool):
     tok = tokenizers.build_tokenizer(
         "char", ["abcdefghij"], lowercase=True, min_freq=1, max_vocab=0
     )
-    data = types.SimpleNamespace(max_len=max_len, tail_len=tail_len, bag_len=bag_len)
+    data = types.SimpleNamespace(max_len=max_len, tail_len=tail_len, bag_len=bag_len, convert="")
     return types.SimpleNamespace(
         tokenizer=tok,
         config=types.SimpleNamespace(data=data),
