@@ -37,7 +37,7 @@ def evaluate_workdir(
 ) -> dict:
     """Evaluates the workdir's `which` checkpoint on `split` and writes `result_file`; texts are
     converted by `convert` (an OpenCC conversion), by default as the run converted its own."""
-    trained = _load(workdir, which, convert)
+    trained = serving.converting(serving.load(workdir, which), convert)
     data = encoding.load(
         trained.config.data,
         (split,),
@@ -52,11 +52,6 @@ def evaluate_workdir(
     return _evaluate(trained, data.splits[split], result_file(workdir, which, split=split))
 
 
-def _load(workdir: str, which: str, convert: str | None) -> serving.Trained:
-    trained = serving.load(workdir, which)
-    return trained if convert is None else serving.converting(trained, convert)
-
-
 def evaluate_file(
     workdir: str,
     path: str,
@@ -68,15 +63,14 @@ def evaluate_file(
     """Evaluates the workdir's `which` checkpoint on every row of the labelled file or folder at
     `path` and writes `result_file` (see the module docstring); `convert` as in
     `evaluate_workdir`."""
-    trained = _load(workdir, which, convert)
+    trained = serving.converting(serving.load(workdir, which), convert)
     d = trained.config.data
     options = datasets.file_options(d) | {"label_names": trained.label_names}
     options["text_field"] = text_field or options["text_field"]
     options["label_field"] = label_field or options["label_field"]
     parts = user_files.load(path, **options, flags=_FLAGS)
     texts, changed = serving.converted(trained, [t for s in SPLITS for t in parts[s][0]])
-    if d.convert:
-        conversion.say(conversion.summary(d.convert, changed, len(texts)))
+    conversion.report(d.convert, changed, len(texts))
     labels = np.concatenate([parts[s][1] for s in SPLITS])
     add_cls = trained.cfg.pooling == "cls"
     split = encoding.encode_split(trained.tokenizer, texts, labels, d, add_cls=add_cls)

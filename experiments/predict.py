@@ -191,8 +191,7 @@ def main(fv: flags.FlagValues, argv: list[str]) -> int:
             print(f"note: text {n}: {p['note']}", file=sys.stderr)
         line = format_line(p) + (ranking.columns(p) if fv.explain else "")
         print(json.dumps(p, ensure_ascii=False) if fv.json else line, flush=True)
-    if trained.config.data.convert:
-        print(conversion.summary(trained.config.data.convert, changed, len(texts)), file=sys.stderr)
+    conversion.report(trained.config.data.convert, changed, len(texts))
     return 2 if failed else 0
 
 
@@ -200,8 +199,7 @@ def _trained(fv: flags.FlagValues) -> serving.Trained:
     trained = serving.load(fv.workdir) if fv.workdir else serving.load_pretrained(fv.pretrained)
     if fv.max_len is not None:
         trained = serving.reading_up_to(trained, fv.max_len)
-    if fv.convert is not None:
-        trained = serving.converting(trained, fv.convert)
+    trained = serving.converting(trained, fv.convert)
     print(f"answering from {trained.source}", file=sys.stderr)
     return trained
 
@@ -220,8 +218,7 @@ def predict_rows(fv: flags.FlagValues) -> int:
     answered = len(table.rows) - len(failed)
     where = f" to {fv.out}" if fv.out else ""
     print(f"{answered} of {len(table.rows)} rows answered{where}", file=sys.stderr)
-    if trained.config.data.convert:
-        print(conversion.summary(trained.config.data.convert, changed, answered), file=sys.stderr)
+    conversion.report(trained.config.data.convert, changed, answered)
     return 2 if failed else 0
 
 

@@ -60,9 +60,7 @@ def visualize(
     to `pad_to` tokens when that is longer (padding is what masked keys look like). Texts are
     converted by `convert` (an OpenCC conversion), by default as the run converted its own.
     """
-    trained = serving.load(workdir)
-    if convert is not None:
-        trained = serving.converting(trained, convert)
+    trained = serving.converting(serving.load(workdir), convert)
     cfg = trained.cfg
     _check_choice(cfg, layer=layer, head=head, window=window, pad_to=pad_to, max_tokens=max_tokens)
     _check_out(out)
@@ -83,9 +81,7 @@ def visualize(
     for n, note in enumerate(notes, 1):
         if note:
             print(f"note: text {n}: {note}", file=sys.stderr)
-    if trained.config.data.convert:
-        changed = sum(r.converted for r in reads)
-        print(conversion.summary(trained.config.data.convert, changed, len(reads)), file=sys.stderr)
+    conversion.report(trained.config.data.convert, sum(r.converted for r in reads), len(reads))
 
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)

@@ -54,6 +54,12 @@ def summary(name: str, changed: int, total: int, what: str = "texts") -> str:
     return f"OpenCC {name} changed {changed:,} of {total:,} {what} before the model read them"
 
 
+def report(name: str, changed: int, total: int) -> None:
+    """Prints `summary` on stderr when `name` converted the texts; nothing for "" (none)."""
+    if name:
+        print(summary(name, changed, total), file=sys.stderr)
+
+
 @functools.cache
 def say(line: str) -> None:
     """Prints `line` on stderr once per process: a run reads its splits more than once (fields

@@ -78,10 +78,12 @@ def load_pretrained(path: str) -> Trained:
     return Trained(config, cfg, params, tok, names, 0, source)
 
 
-def converting(trained: Trained, name: str) -> Trained:
+def converting(trained: Trained, name: str | None) -> Trained:
     """`trained` converting every text by OpenCC's conversion `name` ("" for none) in place of
-    its run's data.convert (the commands' --convert); UserError in one line for a name OpenCC
-    lacks."""
+    its run's data.convert (the commands' --convert); None keeps the run's. UserError in one line
+    for a name OpenCC lacks."""
+    if name is None:
+        return trained
     conversion.converter(name, "--convert")
     config = ml_collections.ConfigDict(trained.config.to_dict())
     config.data.convert = name
