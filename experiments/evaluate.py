@@ -10,9 +10,11 @@ hash would give, read with the training run's text and label fields unless --tex
 --label_field say otherwise. Its labels must be ones the model was trained on; rows with another
 label count as malformed. With --checkpoint=checkpoints (the last one) the name ends in `_last`.
 With --convert=t2s texts are converted by that OpenCC conversion before the model reads them (by
-default as the run converted its own, data.convert; '' converts none): the result records it, and
-stderr says how many texts it changed. The names are evaluate's own: the eval_test.json training
-wrote (with its baseline, and the sign that training finished) is never overwritten. Several
+default as the run converted its own, data.convert; '' converts none): the result records it,
+stderr says how many texts it changed, and a conversion other than the run's ends the name in
+`_t2s` (`_unconverted` for ''), so an evaluation as the run reads is kept beside it. The names
+are evaluate's own: the eval_test.json training wrote (with its baseline, and the sign that
+training finished) is never overwritten. Several
 processes run it like experiments.train (the same flags), each reading its rows of every batch;
 process 0 prints and writes.
 """
@@ -38,6 +40,7 @@ def evaluate_workdir(
     """Evaluates the workdir's `which` checkpoint on `split` and writes `result_file`; texts are
     converted by `convert` (an OpenCC conversion), by default as the run converted its own."""
     trained = serving.converting(serving.load(workdir, which), convert)
+    out = result_file(workdir, which, split=split, convert=_other(workdir, convert))
     data = encoding.load(
         trained.config.data,
         (split,),
@@ -49,7 +52,7 @@ def evaluate_workdir(
             f"labels of the {split} data {list(data.label_names)} differ from the checkpoint's "
             f"{list(trained.label_names)}"
         )
-    return _evaluate(trained, data.splits[split], result_file(workdir, which, split=split))
+    return _evaluate(trained, data.splits[split], out)
 
 
 def evaluate_file(
@@ -64,6 +67,7 @@ def evaluate_file(
     `path` and writes `result_file` (see the module docstring); `convert` as in
     `evaluate_workdir`."""
     trained = serving.converting(serving.load(workdir, which), convert)
+    out = result_file(workdir, which, path=path, convert=_other(workdir, convert))
     d = trained.config.data
     options = datasets.file_options(d) | {"label_names": trained.label_names}
     options["text_field"] = text_field or options["text_field"]
@@ -74,17 +78,29 @@ def evaluate_file(
     labels = np.concatenate([parts[s][1] for s in SPLITS])
     add_cls = trained.cfg.pooling == "cls"
     split = encoding.encode_split(trained.tokenizer, texts, labels, d, add_cls=add_cls)
-    return _evaluate(trained, split, result_file(workdir, which, path=path), path=path)
+    return _evaluate(trained, split, out, path=path)
+
+
+def _other(workdir: str, convert: str | None) -> str | None:
+    """`convert` where it differs from the run's own data.convert, else None."""
+    own = workdirs.read_config(os.path.join(workdir, "config.json")).data.convert
+    return None if convert is None or convert == own else convert
 
 
 def result_file(
-    workdir: str, which: str = checkpoints.BEST, split: str | None = None, path: str | None = None
+    workdir: str,
+    which: str = checkpoints.BEST,
+    split: str | None = None,
+    path: str | None = None,
+    convert: str | None = None,
 ) -> str:
     """Where the result goes: DIR/evaluate_<split>.json, or DIR/evaluate_file_<name>.json for a
-    file; `_last` before .json for the last checkpoint."""
+    file; `_last` for the last checkpoint and `_<convert>` (`_unconverted` for '') for a
+    conversion other than the run's, before .json."""
     name = f"file_{Path(path).stem}" if path else split
-    suffix = "" if which == checkpoints.BEST else "_last"
-    return os.path.join(workdir, f"evaluate_{name}{suffix}.json")
+    name += "" if which == checkpoints.BEST else "_last"
+    name += "" if convert is None else f"_{convert or 'unconverted'}"
+    return os.path.join(workdir, f"evaluate_{name}.json")
 
 
 def _evaluate(trained: serving.Trained, s: encoding.Split, out: str, **about: str) -> dict:
@@ -168,7 +184,8 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
         return
     print(f"{what}, checkpoint step {result['step']}")
     print(format_table(result, tuple(result["label_names"])))
-    print(f"written: {result_file(fv.workdir, fv.checkpoint, fv.split, fv.path)}")
+    convert = _other(fv.workdir, fv.convert)
+    print(f"written: {result_file(fv.workdir, fv.checkpoint, fv.split, fv.path, convert)}")
     parallel.finish()
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, assert_one_line_error, run_here, tiny_config, tiny_flags
@@ -105,17 +106,36 @@ def test_predict_path_converts_every_row(trained, tmp_path, capsys):
     assert rows[1].split(",")[2:] == rows[2].split(",")[2:]  # the same answer, to the digit
 
 
-def test_evaluate_path_converts_every_row_and_records_it(trained_copy, tmp_path, capsys):
+def test_evaluate_path_converts_every_row_and_records_it_beside_the_run_s_own(
+    trained_copy, tmp_path, capsys
+):
     src = tmp_path / "in.csv"
     src.write_text(f"text,label\n{TRADITIONAL},pos\n{SIMPLIFIED},neg\n", encoding="utf-8")
-    args = (f"--workdir={trained_copy}", f"--path={src}", "--convert=t2s")
-    proc = run_here("experiments.evaluate", *args, capsys=capsys)
+    args = (f"--workdir={trained_copy}", f"--path={src}")
+    assert run_here("experiments.evaluate", *args, capsys=capsys).returncode == 0
+    proc = run_here("experiments.evaluate", *args, "--convert=t2s", capsys=capsys)
     assert proc.returncode == 0, proc.stderr
     assert "OpenCC t2s changed 1 of 2 texts before the model read them" in proc.stderr
-    with open(os.path.join(trained_copy, "evaluate_file_in.json"), encoding="utf-8") as f:
-        result = json.load(f)
+    assert "evaluate_file_in_t2s.json" in proc.stdout
+    own, converted = (
+        json.loads(Path(trained_copy, f"evaluate_file_in{end}.json").read_text(encoding="utf-8"))
+        for end in ("", "_t2s")
+    )
     # The same text read twice, labelled both ways: one right, one wrong.
-    assert result["convert"] == "t2s" and result["accuracy"] == 0.5
+    assert converted["convert"] == "t2s" and converted["accuracy"] == 0.5
+    assert "convert" not in own and own["num_examples"] == 2
+
+
+def test_evaluate_names_a_conversion_other_than_the_run_s():
+    from experiments import evaluate
+
+    name = lambda **kw: os.path.basename(evaluate.result_file("W", **kw))  # noqa: E731
+    assert name(split="test") == "evaluate_test.json"
+    assert name(split="test", convert="t2s") == "evaluate_test_t2s.json"
+    assert name(split="test", convert="") == "evaluate_test_unconverted.json"
+    assert name(which="checkpoints", path="a/b.csv", convert="") == (
+        "evaluate_file_b_last_unconverted.json"
+    )
 
 
 @pytest.mark.parametrize(
