@@ -34,15 +34,16 @@ MODELS = {
 }
 LENGTH, BATCH = 128, 8
 XLA = "jax.nn"
-# The family whose step is timed at two depths, and the depths (--quick: 1 and 4): a step linear
+# The family whose step is timed at two depths, and the depths (--quick: 1 and 2): a step linear
 # in depth grows 4x between them, less for the embeddings and head, which depth leaves alone.
 DEPTH = ("modernbert", (3, 12))
-# --quick: the same families at a tiny size (fields a family lacks are left out).
+# --quick: the same families at a tiny size (fields a family lacks are left out), one layer: the
+# smoke test compiles 14 steps, and a step's compile time grows with its layers.
 TINY = {
     "vocab_size": 100,
     "d_model": 32,
     "embedding_size": 32,
-    "num_layers": 2,
+    "num_layers": 1,
     "num_heads": 4,
     "d_ff": 64,
     "local_window": 4,
@@ -125,7 +126,7 @@ def family_row(name: str, quick: bool, repeats: int) -> dict:
 def depth_row(quick: bool, repeats: int) -> dict:
     """DEPTH's family's attn step at its two depths (else the size `family_row` times), timed
     interleaved, and the deeper step's time over the shallower's."""
-    name, depths = DEPTH[0], (1, 4) if quick else DEPTH[1]
+    name, depths = DEPTH[0], (1, 2) if quick else DEPTH[1]
     cfg = base_config(name, quick)
     length, batch_size = (16, 2) if quick else (LENGTH, BATCH)
     batch = _batch(cfg, batch_size, length)

@@ -307,11 +307,11 @@ def test_families_section_times_every_family_against_its_reference(tmp_path, cap
         jax_nn = "xla" not in encoders.family(name).unsupported
         assert (row["reference"] == "jax.nn") == jax_nn and bool(row["no_jax_nn"]) != jax_nn
     depth = sec["depth"]
-    assert depth["family"] == "modernbert" and depth["layers"] == [1, 4]
+    assert depth["family"] == "modernbert" and depth["layers"] == [1, 2]
     assert depth["ratio"] == depth["step_s"][1] / depth["step_s"][0] > 0
     report = (tmp_path / "REPORT.md").read_text(encoding="utf-8")
     assert "10. Every encoder family" in report and "| deberta-v2 |" in report
-    assert f"4 / 1 layers **{depth['ratio']:.2f}**" in report
+    assert f"2 / 1 layers **{depth['ratio']:.2f}**" in report
 
 
 def test_traditional_section_scores_both_scripts_and_the_conversion(trained, tmp_path, capsys):
