@@ -201,7 +201,7 @@ def run(quick: bool, bert_dir: str) -> dict:
     """The bert section of results.json."""
     if quick:
         cfg = bert.Config(
-            vocab_size=100, d_model=32, num_layers=2, num_heads=4, d_ff=64, attention_dropout=0.0
+            vocab_size=100, d_model=32, num_layers=1, num_heads=4, d_ff=64, attention_dropout=0.0
         )
         lengths, batch_size, repeats = (16,), 2, {16: 2}
     else:
