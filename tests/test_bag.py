@@ -10,6 +10,9 @@ from conftest import assert_close32, classifier_terms
 from attn import bag, classifier
 from attn.classifier import ModelConfig
 
+# Jitted: op by op, one classifier forward and its gradient compiled ~330 small programs.
+_apply = jax.jit(classifier.apply, static_argnums=2, static_argnames="train")
+
 
 def _reference(table_VxC, ids_OxBxL, real_BxL) -> np.ndarray:
     """Per row: the set of distinct ids of each order at real positions, summed and normalised."""
@@ -76,14 +79,14 @@ def test_classifier_adds_the_bag_to_its_logits():
     assert params["bag"].shape == (64, 3) and not params["bag"].any()
     rest = {k: v for k, v in params.items() if k != "bag"}
     params["bag"] = jax.random.normal(jax.random.key(1), (64, 3))
-    got, _ = classifier.apply(params, tokens, cfg)
-    without, _ = classifier.apply(rest, tokens, plain_cfg)
+    got, _ = _apply(params, tokens, cfg)
+    without, _ = _apply(rest, tokens, plain_cfg)
     ids = classifier.ngram_buckets(tokens, (1, 2), 64)
     want = without + bag.logits(params["bag"], ids, tokens != classifier.PAD)
     assert_close32(got, want, classifier_terms(cfg, 6) + 2 * 6)
 
     # Only the buckets of the text's n-grams get a gradient.
-    g = jax.grad(lambda p: classifier.apply(p, tokens[1:2], cfg)[0].sum())(params)["bag"]
+    g = jax.jit(jax.grad(lambda p: _apply(p, tokens[1:2], cfg)[0].sum()))(params)["bag"]
     touched = set(np.flatnonzero(np.abs(np.asarray(g)).sum(1)).tolist())
     assert touched == set(np.unique(ids[:, 1, :3]).tolist())
 
@@ -96,10 +99,10 @@ def test_the_bag_reads_bag_tokens_when_given():
     longer = jnp.array([[5, 9, 20, 21, 22, 7, 11, 0], [4, 4, 4, 0, 0, 0, 0, 0]])
     params = classifier.init(jax.random.key(0), cfg)
     params["bag"] = jax.random.normal(jax.random.key(1), (64, 2))
-    plain, _ = classifier.apply(params, tokens, cfg)
-    same, _ = classifier.apply(params, tokens, cfg, bag_tokens_BxG=tokens)
+    plain, _ = _apply(params, tokens, cfg)
+    same, _ = _apply(params, tokens, cfg, bag_tokens_BxG=tokens)
     np.testing.assert_array_equal(same, plain)
-    got, _ = classifier.apply(params, tokens, cfg, bag_tokens_BxG=longer)
+    got, _ = _apply(params, tokens, cfg, bag_tokens_BxG=longer)
     bag_of = lambda t: bag.logits(params["bag"], classifier.ngram_buckets(t, (1, 2), 64), t != 0)
     assert_close32(got - plain, bag_of(longer) - bag_of(tokens), classifier_terms(cfg, 8) + 2 * 8)
     assert not np.allclose(got[0], plain[0])  # row 0 reads 3 more tokens
@@ -114,8 +117,8 @@ def test_without_the_bag_the_random_streams_are_unchanged():
     params = classifier.init(jax.random.key(0), cfg)
     plain = {k: v for k, v in params.items() if k != "bag"}
     key = jax.random.key(3)
-    a, _ = classifier.apply(params, tokens, cfg, train=True, rng=key)
-    b, _ = classifier.apply(plain, tokens, ModelConfig(**kw), train=True, rng=key)
+    a, _ = _apply(params, tokens, cfg, train=True, rng=key)
+    b, _ = _apply(plain, tokens, ModelConfig(**kw), train=True, rng=key)
     assert_close32(a, b, classifier_terms(cfg, 6))  # the bag table is zero, so only dropout differs
 
 
