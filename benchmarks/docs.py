@@ -174,9 +174,17 @@ def verdict(r: dict) -> str:
         name, _, accs = chinese_run
         own = r["chinese"]["runs"]["tfidf"]["test_accuracy"]
         gap = float(np.mean(accs)) - own
+        each = (
+            f" on average over {len(accs)} seeds (each by {_points(min(accs) - own)}-"
+            f"{_points(max(accs) - own)})"
+            if len(accs) > 1 and min(accs) > own
+            else f" on average over {len(accs)} seeds"
+            if len(accs) > 1
+            else ""
+        )
         tuned = (
             f" Fine-tuned, {name} is {_points(gap)} points {'above' if gap > 0 else 'below'} "
-            f"its own run's TF-IDF ({_pct(own)}%)."
+            f"its own run's TF-IDF ({_pct(own)}%){each}."
         )
     found = _distilled(r, distill.CHINESE)
     taught = ""
