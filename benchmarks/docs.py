@@ -175,8 +175,8 @@ def verdict(r: dict) -> str:
         own = r["chinese"]["runs"]["tfidf"]["test_accuracy"]
         gap = float(np.mean(accs)) - own
         each = (
-            f" on average over {len(accs)} seeds (each by {_points(min(accs) - own)}-"
-            f"{_points(max(accs) - own)})"
+            f" on average over {len(accs)} seeds ({_points(min(accs) - own)}-"
+            f"{_points(max(accs) - own)} each)"
             if len(accs) > 1 and min(accs) > own
             else f" on average over {len(accs)} seeds"
             if len(accs) > 1

@@ -87,7 +87,7 @@ def test_the_chinese_fine_tune_shows_in_the_headline_verdict_and_results_page():
     results["chinese"]["runs"]["finetuned_lr1e-4"]["seeds"]["1"] = _run(0.8787, 0.86)
     assert (
         "Fine-tuned, m3e-small is 2.60 points above its own run's TF-IDF (85.86%) on average over "
-        "2 seeds (each by 2.01-3.19)." in docs.verdict(results)
+        "2 seeds (2.01-3.19 each)." in docs.verdict(results)
     )
     del results["chinese"]["runs"]["finetuned_lr1e-4"]["seeds"]["1"]
     table = docs.RENDER["chinese"](results)
