@@ -174,14 +174,11 @@ def verdict(r: dict) -> str:
         name, _, accs = chinese_run
         own = r["chinese"]["runs"]["tfidf"]["test_accuracy"]
         gap = float(np.mean(accs)) - own
-        each = (
-            f" on average over {len(accs)} seeds ({_points(min(accs) - own)}-"
-            f"{_points(max(accs) - own)} each)"
-            if len(accs) > 1 and min(accs) > own
-            else f" on average over {len(accs)} seeds"
-            if len(accs) > 1
-            else ""
-        )
+        each = ""
+        if len(accs) > 1:
+            each = f" on average over {len(accs)} seeds"
+            if min(accs) > own:
+                each += f" ({_points(min(accs) - own)}-{_points(max(accs) - own)} each)"
         tuned = (
             f" Fine-tuned, {name} is {_points(gap)} points {'above' if gap > 0 else 'below'} "
             f"its own run's TF-IDF ({_pct(own)}%){each}."

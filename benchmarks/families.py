@@ -35,7 +35,8 @@ MODELS = {
 LENGTH, BATCH = 128, 8
 XLA = "jax.nn"
 # The family whose step is timed at two depths, and the depths (--quick: 1 and 2): a step linear
-# in depth grows 4x between them, less for the embeddings and head, which depth leaves alone.
+# in depth grows by their ratio (4x from 3 to 12), less for the embeddings and head, which depth
+# leaves alone.
 DEPTH = ("modernbert", (3, 12))
 # --quick: the same families at a tiny size (fields a family lacks are left out), one layer: the
 # smoke test compiles 14 steps, and a step's compile time grows with its layers.

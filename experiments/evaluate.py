@@ -14,9 +14,8 @@ default as the run converted its own, data.convert; '' converts none): the resul
 stderr says how many texts it changed, and a conversion other than the run's ends the name in
 `_t2s` (`_unconverted` for ''), so an evaluation as the run reads is kept beside it. The names
 are evaluate's own: the eval_test.json training wrote (with its baseline, and the sign that
-training finished) is never overwritten. Several
-processes run it like experiments.train (the same flags), each reading its rows of every batch;
-process 0 prints and writes.
+training finished) is never overwritten. Several processes run it like experiments.train (the
+same flags), each reading its rows of every batch; process 0 prints and writes.
 """
 
 import os
