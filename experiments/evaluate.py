@@ -38,8 +38,9 @@ def evaluate_workdir(
 ) -> dict:
     """Evaluates the workdir's `which` checkpoint on `split` and writes `result_file`; texts are
     converted by `convert` (an OpenCC conversion), by default as the run converted its own."""
-    trained = serving.converting(serving.load(workdir, which), convert)
-    out = result_file(workdir, which, split=split, convert=_other(workdir, convert))
+    run = serving.load(workdir, which)
+    trained = serving.converting(run, convert)
+    out = result_file(workdir, which, split=split, convert=_other(run.config.data.convert, convert))
     data = encoding.load(
         trained.config.data,
         (split,),
@@ -65,8 +66,9 @@ def evaluate_file(
     """Evaluates the workdir's `which` checkpoint on every row of the labelled file or folder at
     `path` and writes `result_file` (see the module docstring); `convert` as in
     `evaluate_workdir`."""
-    trained = serving.converting(serving.load(workdir, which), convert)
-    out = result_file(workdir, which, path=path, convert=_other(workdir, convert))
+    run = serving.load(workdir, which)
+    trained = serving.converting(run, convert)
+    out = result_file(workdir, which, path=path, convert=_other(run.config.data.convert, convert))
     d = trained.config.data
     options = datasets.file_options(d) | {"label_names": trained.label_names}
     options["text_field"] = text_field or options["text_field"]
@@ -80,9 +82,8 @@ def evaluate_file(
     return _evaluate(trained, split, out, path=path)
 
 
-def _other(workdir: str, convert: str | None) -> str | None:
-    """`convert` where it differs from the run's own data.convert, else None."""
-    own = workdirs.read_config(os.path.join(workdir, "config.json")).data.convert
+def _other(own: str, convert: str | None) -> str | None:
+    """`convert` where it differs from `own`, the run's data.convert, else None."""
     return None if convert is None or convert == own else convert
 
 
@@ -183,7 +184,8 @@ def main(fv: flags.FlagValues, argv: list[str]) -> None:
         return
     print(f"{what}, checkpoint step {result['step']}")
     print(format_table(result, tuple(result["label_names"])))
-    convert = _other(fv.workdir, fv.convert)
+    own = workdirs.read_config(os.path.join(fv.workdir, "config.json")).data.convert
+    convert = _other(own, fv.convert)
     print(f"written: {result_file(fv.workdir, fv.checkpoint, fv.split, fv.path, convert)}")
     parallel.finish()
 
