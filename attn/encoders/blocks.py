@@ -30,13 +30,17 @@ from attn import layers, multihead, scores
 from attn.attention import attention
 from attn.encoders.family import first_layers, layer_keys
 
-__all__ = ["GELU", "Terms", "init", "stack", "steps"]
+__all__ = ["GELU", "Terms", "encode", "init", "stack", "steps"]
 
 GELU = functools.partial(jax.nn.gelu, approximate=False)
 
 # A family's own attention terms: (a layer's params, its training key or None) -> (the params its
 # block reads, the score's params set in "mha"; the key its examples' dropout is split from).
 Terms = Callable[[dict, jax.Array | None], tuple[dict, jax.Array | None]]
+
+# A family's embeddings of the batch, given their dropout key (rng=None outside training):
+# its `embed` with every other argument bound -> [B, L, D] in cfg.dtype.
+Embedded = Callable[..., jax.Array]
 
 
 def _dense(key: jax.Array, d_in: int, d_out: int, std: float) -> dict:
@@ -147,6 +151,40 @@ def stack(
         )
         weights.append(w_BxHxLxL)
     return x_BxLxD, weights
+
+
+def encode(
+    family: str,
+    embedded: Embedded,
+    params: dict,
+    cfg: Any,
+    mask_BxL: jax.Array,
+    keys: Sequence[str],
+    *,
+    train: bool,
+    rng: jax.Array | None,
+    return_weights: bool,
+    **stack_options: Any,
+) -> jax.Array | tuple[jax.Array, list]:
+    """A post-LayerNorm family's encode after its inputs are checked: the embeddings
+    (`embedded(rng=...)`, dropped out with their own key in training) through `stack` over
+    params[keys] with bool mask [B, L] -> the last hidden states [B, L, D]; with return_weights,
+    (those, each depth's attention weights). stack_options: stack's attend, terms, act and
+    ff_dropout. train with dropout > 0 and no rng is refused in one line naming the family."""
+    if train and rng is None and (cfg.dropout > 0.0 or cfg.attention_dropout > 0.0):
+        raise ValueError(f"{family}.encode: train=True with dropout > 0 needs an rng key; got None")
+    r_embed, r_layers = jax.random.split(rng) if train and rng is not None else (None, None)
+    x_BxLxD, weights = stack(
+        params,
+        cfg,
+        embedded(rng=r_embed),
+        jnp.asarray(mask_BxL),
+        keys,
+        train=train,
+        rng=r_layers,
+        **stack_options,
+    )
+    return (x_BxLxD, weights) if return_weights else x_BxLxD
 
 
 def steps(

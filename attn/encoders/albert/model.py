@@ -24,6 +24,7 @@ Params (plain dicts, float32): the shared layer is one entry that every depth re
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -217,32 +218,23 @@ def encode(
     each depth draws its own dropout masks. embed_delta_BxLxD, if given, is added to the input
     embeddings after their LayerNorm: it is [B, L, embedding_size], the width of
     `input_embeddings`."""
-    if train and rng is None and (cfg.dropout > 0.0 or cfg.attention_dropout > 0.0):
-        raise ValueError("albert.encode: train=True with dropout > 0 needs an rng key; got None")
-    r_embed, r_layers = jax.random.split(rng) if train and rng is not None else (None, None)
-    x_BxLxD = embed(
-        params,
-        cfg,
-        ids_BxL,
-        mask_BxL,
-        types_BxL,
-        train=train,
-        rng=r_embed,
-        delta_BxLxX=embed_delta_BxLxD,
+    embedded = functools.partial(
+        embed, params, cfg, ids_BxL, mask_BxL, types_BxL, train=train, delta_BxLxX=embed_delta_BxLxD
     )
-    x_BxLxD, weights = blocks.stack(
+    return blocks.encode(
+        "albert",
+        embedded,
         params,
         cfg,
-        x_BxLxD,
-        jnp.asarray(mask_BxL),
+        mask_BxL,
         layer_keys(cfg),
-        attend=attend,
         train=train,
-        rng=r_layers,
+        rng=rng,
+        return_weights=return_weights,
+        attend=attend,
         act=heads.activation(cfg.act),
         ff_dropout=False,
     )
-    return (x_BxLxD, weights) if return_weights else x_BxLxD
 
 
 def attention_steps(

@@ -21,6 +21,7 @@ Params (plain dicts, float32):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -214,30 +215,21 @@ def encode(
     with another one). embed_delta_BxLxD, if given, is added to the input embeddings after their
     LayerNorm (`embed`): gradient × input differentiates with respect to it.
     """
-    if train and rng is None and (cfg.dropout > 0.0 or cfg.attention_dropout > 0.0):
-        raise ValueError("bert.encode: train=True with dropout > 0 needs an rng key; got None")
-    r_embed, r_layers = jax.random.split(rng) if train and rng is not None else (None, None)
-    x_BxLxD = embed(
+    embedded = functools.partial(
+        embed, params, cfg, ids_BxL, mask_BxL, types_BxL, train=train, delta_BxLxD=embed_delta_BxLxD
+    )
+    return blocks.encode(
+        "bert",
+        embedded,
         params,
         cfg,
-        ids_BxL,
         mask_BxL,
-        types_BxL,
-        train=train,
-        rng=r_embed,
-        delta_BxLxD=embed_delta_BxLxD,
-    )
-    x_BxLxD, weights = blocks.stack(
-        params,
-        cfg,
-        x_BxLxD,
-        jnp.asarray(mask_BxL),
         layer_keys(cfg),
-        attend=attend,
         train=train,
-        rng=r_layers,
+        rng=rng,
+        return_weights=return_weights,
+        attend=attend,
     )
-    return (x_BxLxD, weights) if return_weights else x_BxLxD
 
 
 def attention_steps(

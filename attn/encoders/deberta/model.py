@@ -344,32 +344,22 @@ def encode(
     and cfg.attention_dropout (needs "matrix") and needs rng. embed_delta_BxLxD, if given, is
     added to the input embeddings after their LayerNorm (`embed`).
     """
-    if train and rng is None and (cfg.dropout > 0.0 or cfg.attention_dropout > 0.0):
-        raise ValueError("deberta.encode: train=True with dropout > 0 needs an rng key; got None")
-    attend = _attend(attend, score(cfg))
-    r_embed, r_layers = jax.random.split(rng) if train and rng is not None else (None, None)
-    x_BxLxD = embed(
-        params,
-        cfg,
-        ids_BxL,
-        mask_BxL,
-        types_BxL,
-        train=train,
-        rng=r_embed,
-        delta_BxLxD=embed_delta_BxLxD,
+    embedded = functools.partial(
+        embed, params, cfg, ids_BxL, mask_BxL, types_BxL, train=train, delta_BxLxD=embed_delta_BxLxD
     )
-    x_BxLxD, weights = blocks.stack(
+    return blocks.encode(
+        "deberta",
+        embedded,
         params,
         cfg,
-        x_BxLxD,
-        jnp.asarray(mask_BxL),
+        mask_BxL,
         layer_keys(cfg),
-        attend=attend,
         train=train,
-        rng=r_layers,
+        rng=rng,
+        return_weights=return_weights,
+        attend=_attend(attend, score(cfg)),
         terms=_terms(params, cfg, train=train),
     )
-    return (x_BxLxD, weights) if return_weights else x_BxLxD
 
 
 def attention_steps(

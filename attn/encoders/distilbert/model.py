@@ -19,6 +19,7 @@ Params (plain dicts, float32): BERT's without token types and pooler,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -169,19 +170,22 @@ def encode(
     attend, train, rng and embed_delta_BxLxD as `attn.encoders.bert.model.encode` takes them
     (attention dropout needs the "matrix" implementation; with another set the config's
     attention_dropout to 0)."""
-    if train and rng is None and (cfg.dropout > 0.0 or cfg.attention_dropout > 0.0):
-        raise ValueError(
-            "distilbert.encode: train=True with dropout > 0 needs an rng key; got None"
-        )
     ids_BxL, mask_BxL = _check_inputs(params, cfg, ids_BxL, mask_BxL, types_BxL)
-    r_embed, r_layers = jax.random.split(rng) if train and rng is not None else (None, None)
-    x_BxLxD = embed(
-        params, cfg, ids_BxL, mask_BxL, train=train, rng=r_embed, delta_BxLxD=embed_delta_BxLxD
+    embedded = functools.partial(
+        embed, params, cfg, ids_BxL, mask_BxL, train=train, delta_BxLxD=embed_delta_BxLxD
     )
-    x_BxLxD, weights = blocks.stack(
-        params, cfg, x_BxLxD, mask_BxL, layer_keys(cfg), attend=attend, train=train, rng=r_layers
+    return blocks.encode(
+        "distilbert",
+        embedded,
+        params,
+        cfg,
+        mask_BxL,
+        layer_keys(cfg),
+        train=train,
+        rng=rng,
+        return_weights=return_weights,
+        attend=attend,
     )
-    return (x_BxLxD, weights) if return_weights else x_BxLxD
 
 
 def attention_steps(
