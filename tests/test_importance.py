@@ -201,9 +201,8 @@ def test_erasure_drops_match_erasing_by_hand():
     candidates = (tokens != PAD) & (tokens != 2)  # CLS is never ranked
     scores = jax.random.normal(jax.random.key(3), tokens.shape)
     percents = (20, 50, 100)
-    comp, suff = importance.erasure_drops(
-        params, tokens, scores, candidates, RICH, percents=percents, bag=bag
-    )
+    drops = jax.jit(importance.erasure_drops, static_argnums=4, static_argnames="percents")
+    comp, suff = drops(params, tokens, scores, candidates, RICH, percents=percents, bag=bag)
     for b in range(len(tokens)):
         t_L, m_G, src_G = (np.asarray(a[b]) for a in (tokens, bag.tokens_BxG, bag.source_BxG))
         p_C = _one(params, t_L, m_G, RICH)
