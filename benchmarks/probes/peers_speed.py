@@ -8,10 +8,11 @@ gained, measured where the machine's load hits every side alike (benchmarks/anal
 
 in a venv with requirements-peers.txt (for the peers, `benchmarks.peers`' sides; one that is not
 installed is left out).
-train: `peers.attn_fine_tuning`'s step (what section 9 times); serve: `classify.eval_step`. Every
-side compiled first, then `rounds` rounds in which each runs once, in turn; per side the median
-seconds, and the median and quartiles of its per-round ratios to "attn" (the code as it is) and
-to each peer (the order rotated each round). The load average is printed before and after.
+train: `peers.attn_fine_tuning`'s step (what section 9 times; each variant's compile time is
+printed); serve: `classify.eval_step`. Every side compiled first, then `rounds` rounds in which
+each runs once, in turn; per side the median seconds, and the median and quartiles of its
+per-round ratios to "attn" (the code as it is) and to each peer (the order rotated each round).
+The load average is printed before and after.
 
 A variant re-traces attn's step under a patch of attn's code (the code a change replaced, kept
 here so its gain stays measurable), other step options, or XLA compiler options.
@@ -73,6 +74,10 @@ VARIANTS = {
     "no ynn": Variant(compiler_options=xla_options.NO_YNN),
     # ... and XLA's defaults, what serving compiled with before it
     "xla defaults": Variant(compiler_options={}),
+    # XLA:CPU's older loop emitters for its fusions instead of the MLIR ones: the tests compile
+    # with them (at LLVM level 0 they compile small programs in about half the time); MiniLM's
+    # step at 32 x 64 compiled 3.2x slower with them and ran 1.065x as long (load 6)
+    "loop emitters": Variant(compiler_options={"xla_cpu_use_fusion_emitters": False}),
 }
 
 
@@ -95,7 +100,9 @@ def train_calls(bert_dir: str, batch: int, length: int, names: list[str], peer_n
         variant = VARIANTS.get(name, Variant())
         options = dict(step_fn.keywords)
         holder = {"state": jax.tree.map(jnp.copy, fresh)}
+        start = time.perf_counter()
         compiled = _compiled(step_fn.func, variant, options, holder["state"], device_batch)
+        print(f"{name}: compiled in {time.perf_counter() - start:.1f} s", flush=True)
 
         def run(compiled=compiled, holder=holder):
             holder["state"], _ = compiled(holder["state"], device_batch)
