@@ -1,5 +1,6 @@
 """The post-LayerNorm block that BERT, DistilBERT, ELECTRA, ALBERT and DeBERTa share, its stack
-over a family's layers, its init and its step-by-step record:
+over a family's layers, its init, the encode around a family's embeddings and its step-by-step
+record:
 
     x = LN(x + Dropout(MHA(x)))                 each block, on one sequence [L, D]
     x = LN(x + Dropout(W2 act(W1 x)))           act: exact (erf) GELU unless the family's differs
@@ -166,11 +167,11 @@ def encode(
     return_weights: bool,
     **stack_options: Any,
 ) -> jax.Array | tuple[jax.Array, list]:
-    """A post-LayerNorm family's encode after its inputs are checked: the embeddings
-    (`embedded(rng=...)`, dropped out with their own key in training) through `stack` over
-    params[keys] with bool mask [B, L] -> the last hidden states [B, L, D]; with return_weights,
-    (those, each depth's attention weights). stack_options: stack's attend, terms, act and
-    ff_dropout. train with dropout > 0 and no rng is refused in one line naming the family."""
+    """A post-LayerNorm family's encode: the embeddings (`embedded(rng=...)`, dropped out with
+    their own key in training) through `stack` over params[keys] with bool mask [B, L] -> the
+    last hidden states [B, L, D]; with return_weights, (those, each depth's attention weights).
+    stack_options: stack's attend, terms, act and ff_dropout. train with dropout > 0 and no rng
+    is refused in one line naming the family."""
     if train and rng is None and (cfg.dropout > 0.0 or cfg.attention_dropout > 0.0):
         raise ValueError(f"{family}.encode: train=True with dropout > 0 needs an rng key; got None")
     r_embed, r_layers = jax.random.split(rng) if train and rng is not None else (None, None)
