@@ -39,7 +39,8 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 def _known(flag: str) -> str:
     """`flag` where this jaxlib's XLA knows it and XLA_FLAGS does not have it yet, else "": an
     unknown flag in XLA_FLAGS aborts the process that starts the backend, so a child process
-    tries it first (once: the xdist workers and the CLI subprocesses inherit XLA_FLAGS)."""
+    tries it first. A known flag is tried once: the xdist workers and the CLI subprocesses
+    inherit XLA_FLAGS with it; an unknown one is tried again by each worker."""
     if flag.split("=")[0] in os.environ.get("XLA_FLAGS", ""):
         return ""
     env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {flag}"}
